@@ -1,0 +1,159 @@
+"""Input validation shared by every op: clear errors, raised before any kernel runs.
+
+Shapes are written as in the docstrings, `"B Hq D"`; a name binds on first sight and every later
+tensor must agree with it, so a message can say where the expectation came from:
+`kv_indptr: expected shape [B+1] = [3] (B=2 from q), got (4,)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def dtype_name(d: torch.dtype) -> str:
+    return str(d).removeprefix("torch.")
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(dtype_name(d) for d in dtypes)
+
+
+class Dims:
+    """Named dimensions bound while checking the tensors of one call."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+        self.origin: dict[str, str] = {}
+
+    def __getitem__(self, key: str) -> int:
+        return self.values[key]
+
+    def bind(self, label: str, value: int, source: str) -> None:
+        if label not in self.values:
+            self.values[label] = value
+            self.origin[label] = source
+
+    def where(self, label: str) -> str:
+        return f"{label}={self.values[label]} from {self.origin[label]}"
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    shape: str,
+    dims: Dims,
+    dtypes: Sequence[torch.dtype] | None = None,
+    device: torch.device | None = None,
+) -> None:
+    """Check one tensor's rank, shape, dtype and device.
+
+    Args:
+        name: the parameter name, used in the message.
+        t: the value passed.
+        shape: space-separated dims: a name (`B`), a name plus one (`B+1`) or an integer.
+        dims: the call's bindings; unbound names bind to this tensor's size.
+        dtypes: accepted dtypes, or None for any.
+        device: the device every tensor of the call must be on.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(
+            f"{name}: expected a torch.Tensor of shape [{', '.join(shape.split())}], got {type(t).__name__}"
+        )
+    labels = shape.split()
+    pretty = "[" + ", ".join(labels) + "]"
+    if t.dim() != len(labels):
+        raise ValueError(f"{name}: expected {len(labels)} dims {pretty}, got shape {tuple(t.shape)}")
+    for axis, label in enumerate(labels):
+        size = t.shape[axis]
+        if label.isdigit():
+            if size != int(label):
+                raise ValueError(f"{name}: expected shape {pretty}, got {tuple(t.shape)} (dim {axis} must be {label})")
+            continue
+        base, plus = (label[:-2], 1) if label.endswith("+1") else (label, 0)
+        if base in dims.values:
+            want = dims[base] + plus
+            if size != want:
+                raise ValueError(
+                    f"{name}: expected shape {pretty} with {label}={want} ({dims.where(base)}), got {tuple(t.shape)}"
+                )
+        else:
+            if size - plus < 0:
+                raise ValueError(f"{name}: dim {axis} ({label}) must be at least {plus}, got {size}")
+            dims.bind(base, size - plus, name)
+    if dtypes is not None and t.dtype not in dtypes:
+        raise ValueError(f"{name}: dtype {dtype_name(t.dtype)} is not accepted; expected one of {_names(dtypes)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: on {t.device}, but the call's tensors are on {device} (all must share a device)")
+
+
+def check_optional(name: str, t: object, shape: str, dims: Dims, dtypes=None, device=None) -> None:
+    if t is not None:
+        check_tensor(name, t, shape, dims, dtypes, device)
+
+
+def check_positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+
+
+def check_divides(small_name: str, small: int, big_name: str, big: int) -> None:
+    if small <= 0 or big % small != 0:
+        raise ValueError(f"{big_name} (={big}) must be divisible by {small_name} (={small})")
+
+
+def check_choice(name: str, value: object, accepted: Sequence[object]) -> None:
+    if value not in accepted:
+        raise ValueError(f"{name}: {value!r} is not accepted; expected one of {', '.join(map(repr, accepted))}")
+
+
+def check_scale(name: str, scale: object) -> None:
+    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0):
+        raise ValueError(f"{name}: expected a positive float or None (head_dim ** -0.5), got {scale!r}")
+
+
+def host_ints(t: torch.Tensor) -> list[int]:
+    """A small int tensor's values on the host (one synchronisation)."""
+    return [int(x) for x in t.tolist()]
+
+
+def check_prefix_sums(name: str, indptr: list[int], total: int | None = None, total_name: str = "") -> None:
+    """indptr must start at 0, never decrease, and end at `total` when given."""
+    if indptr[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {indptr[0]}")
+    for i in range(len(indptr) - 1):
+        if indptr[i + 1] < indptr[i]:
+            raise ValueError(
+                f"{name}: must be non-decreasing, but {name}[{i + 1}]={indptr[i + 1]} < {name}[{i}]={indptr[i]}"
+            )
+    if total is not None and indptr[-1] != total:
+        raise ValueError(f"{name}: last entry {indptr[-1]} must equal {total_name} (={total})")
+
+
+def check_lengths_positive(name: str, lengths: list[int]) -> None:
+    for i, n in enumerate(lengths):
+        if n <= 0:
+            raise ValueError(f"{name}: every length must be > 0, but entry {i} is {n}")
+
+
+def check_index_range(name: str, values: torch.Tensor, size: int, size_name: str, allow_negative: bool = False) -> None:
+    """Every index must point inside [0, size) (negative entries allowed as padding when asked)."""
+    if values.numel() == 0:
+        return
+    lo, hi = (int(x) for x in torch.stack([values.min(), values.max()]).tolist())
+    if hi >= size or (lo < 0 and not allow_negative):
+        accepted = f"[0, {size})" + (" or negative for padding" if allow_negative else "")
+        bad = hi if hi >= size else lo
+        raise ValueError(f"{name}: entry {bad} points outside {size_name} (={size}); accepted: {accepted}")
+
+
+def check_distinct(name: str, values: torch.Tensor) -> None:
+    """Non-negative entries must be distinct (two rows updating one state slot would race)."""
+    live = values[values >= 0]
+    if live.numel() != torch.unique(live).numel():
+        raise ValueError(f"{name}: non-negative entries must be distinct (each state slot is updated by one row)")

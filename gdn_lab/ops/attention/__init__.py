@@ -1,0 +1,6 @@
+"""Paged attention: decode (one token per request) and varlen prefill (reference beside the kernels)."""
+
+from gdn_lab.ops.attention.decode import decode_attention
+from gdn_lab.ops.attention.prefill import prefill_attention
+
+__all__ = ["decode_attention", "prefill_attention"]

@@ -1,0 +1,6 @@
+"""The Gated DeltaNet layer chain: prefill (conv + gating + delta rule + gated RMSNorm + fp8) and the conv update."""
+
+from gdn_lab.ops.gdn_layer.conv_update import causal_conv1d_update
+from gdn_lab.ops.gdn_layer.layer_prefill import gdn_layer_prefill
+
+__all__ = ["causal_conv1d_update", "gdn_layer_prefill"]

@@ -1,0 +1,73 @@
+"""fp8 quantization with explicit scales: per tensor (KV caches) and per group (activations).
+
+A value is stored as `round(x / scale)` in the fp8 dtype and read back as `fp8.float() * scale`.
+Scales are float32. Callers pass the KV scales explicitly: a scale computed from the batch's own
+amax would make a request's quantized bits depend on its batchmates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_lab.checks import FP8_DTYPES, dtype_name
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    """Largest finite value of an fp8 dtype (448 for e4m3fn, 240 for e4m3fnuz)."""
+    if dtype not in FP8_DTYPES:
+        raise ValueError(f"dtype: {dtype_name(dtype)} is not an fp8 KV dtype; accepted: float8_e4m3fn, float8_e4m3fnuz")
+    return float(torch.finfo(dtype).max)
+
+
+def quantize_per_tensor(x: torch.Tensor, dtype: torch.dtype, scale: float | torch.Tensor | None = None):
+    """Quantize a whole tensor with one scale.
+
+    Args:
+        x: any float tensor.
+        dtype: float8_e4m3fn or float8_e4m3fnuz.
+        scale: the dequantization scale; None derives it from x's amax (amax / fp8_max).
+
+    Returns:
+        (x_fp8, scale) with scale a float32 tensor of shape [1] on x's device.
+    """
+    fmax = fp8_max(dtype)
+    if scale is None:
+        s = (x.float().abs().amax().clamp(min=1e-12) / fmax).reshape(1)
+    else:
+        s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(1)
+        if not bool((s > 0).all()):
+            raise ValueError(f"scale: must be > 0, got {s.item()}")
+    xq = (x.float() / s).clamp(-fmax, fmax).to(dtype)
+    return xq, s
+
+
+def quantize_groups(x: torch.Tensor, dtype: torch.dtype, group: int = 128):
+    """Quantize the last dim in groups of `group` values, one scale per group (block fp8).
+
+    Args:
+        x: [..., N] with N divisible by `group`.
+        dtype: the fp8 dtype.
+        group: values per scale.
+
+    Returns:
+        (x_fp8 [..., N], scales float32 [..., N // group]).
+    """
+    n = x.shape[-1]
+    if n % group:
+        raise ValueError(f"x: last dim (={n}) must be divisible by group (={group})")
+    fmax = fp8_max(dtype)
+    xg = x.float().reshape(*x.shape[:-1], n // group, group)
+    scales = xg.abs().amax(-1).clamp(min=1e-12) / fmax
+    xq = (xg / scales[..., None]).clamp(-fmax, fmax).to(dtype)
+    return xq.reshape(x.shape), scales
+
+
+def dequantize_groups(xq: torch.Tensor, scales: torch.Tensor, group: int = 128) -> torch.Tensor:
+    """Inverse of `quantize_groups`, in float32."""
+    n = xq.shape[-1]
+    return (xq.float().reshape(*xq.shape[:-1], n // group, group) * scales[..., None]).reshape(xq.shape)
+
+
+def dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """x in float32, times its per-tensor scale when there is one."""
+    return x.float() if scale is None else x.float() * scale.float()

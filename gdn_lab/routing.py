@@ -1,0 +1,235 @@
+"""One op, many backends: a registry per op, `route()` and `explain()`.
+
+A backend is a named object with three callables:
+
+- `available()` -> (ok, reason): platform and import probe; cheap and never raises.
+- `covered(args)` -> (ok, reason): the backend's shape/dtype/arch contract for one call.
+- `run(**args)`: the computation.
+
+`route(op, args, backend="auto")` returns a `Decision`: the backend that runs and, for every other
+backend, why it did not. `auto` walks the backends in ascending `priority` (the documented order:
+the AMD libraries on ROCm, our Triton kernels, fla, the torch reference) and skips those marked
+`auto=False` (the batch-variant controls and the alternative references, which run only when named).
+A named backend is never replaced: if it cannot cover the call, `route` raises `NotCovered`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Check = tuple[bool, str]
+
+# Auto-order tiers (lower runs first). A backend picks one; ties keep registration order.
+PRIORITY_AMD = 10
+PRIORITY_TRITON = 20
+PRIORITY_FLA = 30
+PRIORITY_REFERENCE = 90
+
+
+def always_available() -> Check:
+    return True, "pure PyTorch"
+
+
+def covers_everything(args: Mapping[str, Any]) -> Check:
+    return True, "any input the op accepts"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A named implementation of one op.
+
+    Attributes:
+        op: the op it implements ("decode_attention", ...).
+        name: the backend name used by `backend=` ("torch", "triton", ...).
+        run: called with the validated arguments as keywords; returns what the op returns.
+        available: () -> (ok, reason); cheap, never raises.
+        covered: (args) -> (ok, reason) for the validated arguments of one call.
+        priority: position in the auto order (lower first).
+        auto: whether `backend="auto"` may pick it.
+        description: one line for `explain()` and `gdn-lab env`.
+    """
+
+    op: str
+    name: str
+    run: Callable[..., Any]
+    available: Callable[[], Check] = always_available
+    covered: Callable[[Mapping[str, Any]], Check] = covers_everything
+    priority: int = PRIORITY_REFERENCE
+    auto: bool = True
+    description: str = ""
+
+    def check(self, args: Mapping[str, Any] | None) -> tuple[Check, Check | None]:
+        """(availability, coverage); coverage is None when unavailable or when no call is given."""
+        try:
+            avail = self.available()
+        except Exception as exc:  # a probe that raises is a bug in the probe, reported, not fatal
+            avail = (False, f"availability probe failed: {type(exc).__name__}: {exc}")
+        if not avail[0] or args is None:
+            return avail, None
+        try:
+            cov = self.covered(args)
+        except Exception as exc:
+            cov = (False, f"coverage check failed: {type(exc).__name__}: {exc}")
+        return avail, cov
+
+
+class NotCovered(RuntimeError):
+    """A named backend cannot run this call (unavailable here, or outside its contract)."""
+
+    def __init__(self, op: str, backend: str, reason: str) -> None:
+        super().__init__(f"{op}: backend {backend!r} cannot run this call: {reason}")
+        self.op, self.backend, self.reason = op, backend, reason
+
+
+_REGISTRY: dict[str, dict[str, Backend]] = {}
+
+
+def register(backend: Backend) -> Backend:
+    """Add a backend to its op's registry (a later registration of the same name replaces it)."""
+    _REGISTRY.setdefault(backend.op, {})[backend.name] = backend
+    return backend
+
+
+def _ensure_loaded() -> None:
+    # The ops package registers every backend on import; importing it here keeps `routing`
+    # usable on its own without an import cycle at module load.
+    import gdn_lab.ops  # noqa: F401
+
+
+def ops() -> list[str]:
+    """Every op with a registry."""
+    _ensure_loaded()
+    return list(_REGISTRY)
+
+
+def backends(op: str) -> list[Backend]:
+    """The op's backends in auto order (explicit-only backends last)."""
+    _ensure_loaded()
+    if op not in _REGISTRY:
+        raise ValueError(f"op: {op!r} is not known; accepted: {', '.join(_REGISTRY)}")
+    regs = list(_REGISTRY[op].values())
+    return sorted(regs, key=lambda b: (not b.auto, b.priority))
+
+
+def backend_names(op: str) -> list[str]:
+    return [b.name for b in backends(op)]
+
+
+def get(op: str, name: str) -> Backend:
+    names = backend_names(op)
+    if name not in names:
+        raise ValueError(f"backend: {name!r} is not a backend of {op}; accepted: auto, {', '.join(names)}")
+    return _REGISTRY[op][name]
+
+
+@dataclass
+class Decision:
+    """The outcome of routing one call.
+
+    Attributes:
+        op: the op.
+        requested: the `backend=` argument ("auto" or a name).
+        backend: the backend that runs, or None when nothing covers the call.
+        reason: why it was chosen, or why the requested one cannot run.
+        rejected: every backend considered and not chosen, with its reason.
+    """
+
+    op: str
+    requested: str
+    backend: Backend | None
+    reason: str
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str | None:
+        return self.backend.name if self.backend else None
+
+    @property
+    def covered(self) -> bool:
+        return self.backend is not None
+
+
+def decide(op: str, args: Mapping[str, Any], backend: str = "auto") -> Decision:
+    """Route without raising: a Decision whose backend is None says why nothing can run."""
+    if backend != "auto":
+        b = get(op, backend)
+        avail, cov = b.check(args)
+        if not avail[0]:
+            return Decision(op, backend, None, f"not available: {avail[1]}")
+        assert cov is not None
+        if not cov[0]:
+            return Decision(op, backend, None, f"not covered: {cov[1]}")
+        return Decision(op, backend, b, cov[1])
+    rejected: dict[str, str] = {}
+    for b in backends(op):
+        if not b.auto:
+            rejected[b.name] = "runs only when named (not in the auto order)"
+            continue
+        avail, cov = b.check(args)
+        if not avail[0]:
+            rejected[b.name] = f"not available: {avail[1]}"
+        elif cov is not None and not cov[0]:
+            rejected[b.name] = f"not covered: {cov[1]}"
+        else:
+            reason = f"first covered backend in the auto order ({cov[1] if cov else avail[1]})"
+            return Decision(op, "auto", b, reason, rejected)
+    return Decision(op, "auto", None, "no backend covers this call", rejected)
+
+
+def route(op: str, args: Mapping[str, Any], backend: str = "auto") -> Decision:
+    """Pick the backend for one validated call.
+
+    Args:
+        op: the op name.
+        args: the call's validated arguments (what `run` receives).
+        backend: "auto" or a backend name.
+
+    Returns:
+        A Decision whose `backend` is set.
+
+    Raises:
+        ValueError: `backend` is not a backend of `op`.
+        NotCovered: the named backend (or, for auto, every backend) cannot run the call.
+    """
+    d = decide(op, args, backend)
+    if d.backend is None:
+        detail = d.reason if backend != "auto" else "; ".join(f"{k}: {v}" for k, v in d.rejected.items())
+        raise NotCovered(op, backend, detail)
+    return d
+
+
+def dispatch(op: str, args: Mapping[str, Any], backend: str = "auto") -> tuple[Any, Decision]:
+    """Route and run: (output, decision)."""
+    d = route(op, args, backend)
+    assert d.backend is not None
+    return d.backend.run(**args), d
+
+
+def explain(op: str, args: Mapping[str, Any] | None = None, backend: str = "auto") -> list[dict[str, Any]]:
+    """One row per backend: available, covered, the reason, and whether it would run.
+
+    Args:
+        op: the op name.
+        args: validated arguments of a call, or None to report availability only.
+        backend: the request to explain ("auto" or a name).
+    """
+    chosen = decide(op, args, backend).name if args is not None else None
+    rows = []
+    for b in backends(op):
+        avail, cov = b.check(args)
+        reason = avail[1] if not avail[0] or cov is None else cov[1]
+        rows.append(
+            {
+                "op": op,
+                "backend": b.name,
+                "available": avail[0],
+                "covered": None if cov is None else cov[0],
+                "auto": b.auto,
+                "chosen": b.name == chosen,
+                "reason": reason,
+                "description": b.description,
+            }
+        )
+    return rows
