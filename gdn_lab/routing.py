@@ -48,6 +48,8 @@ class Backend:
         covered: (args) -> (ok, reason) for the validated arguments of one call.
         priority: position in the auto order (lower first).
         auto: whether `backend="auto"` may pick it.
+        variant_control: a deliberately batch-variant implementation, the control every invariance
+            run carries to prove it can see batch variance (never picked by auto).
         description: one line for `explain()` and `gdn-lab env`.
     """
 
@@ -58,7 +60,12 @@ class Backend:
     covered: Callable[[Mapping[str, Any]], Check] = covers_everything
     priority: int = PRIORITY_REFERENCE
     auto: bool = True
+    variant_control: bool = False
     description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.variant_control and self.auto:
+            raise ValueError(f"{self.op}/{self.name}: a variant control must have auto=False")
 
     def check(self, args: Mapping[str, Any] | None) -> tuple[Check, Check | None]:
         """(availability, coverage); coverage is None when unavailable or when no call is given."""
@@ -73,6 +80,24 @@ class Backend:
         except Exception as exc:
             cov = (False, f"coverage check failed: {type(exc).__name__}: {exc}")
         return avail, cov
+
+
+def lazy(module: str, attr: str) -> Callable[..., Any]:
+    """A callable that imports `module` on first use: kernel modules (Triton, AITER) stay unimported
+    until a call runs, so importing gdn_lab has no side effects and TRITON_INTERPRET can be set late."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+    call.__qualname__ = f"lazy({module}.{attr})"
+    return call
+
+
+def controls(op: str) -> list[Backend]:
+    """The op's batch-variant control backends."""
+    return [b for b in backends(op) if b.variant_control]
 
 
 class NotCovered(RuntimeError):
@@ -227,6 +252,7 @@ def explain(op: str, args: Mapping[str, Any] | None = None, backend: str = "auto
                 "available": avail[0],
                 "covered": None if cov is None else cov[0],
                 "auto": b.auto,
+                "variant_control": b.variant_control,
                 "chosen": b.name == chosen,
                 "reason": reason,
                 "description": b.description,
