@@ -79,8 +79,9 @@ def check_tensor(
         if base in dims.values:
             want = dims[base] + plus
             if size != want:
+                source = f"from {dims.origin[base]}" if plus == 0 else dims.where(base)
                 raise ValueError(
-                    f"{name}: expected shape {pretty} with {label}={want} ({dims.where(base)}), got {tuple(t.shape)}"
+                    f"{name}: expected shape {pretty} with {label}={want} ({source}), got {tuple(t.shape)}"
                 )
         else:
             if size - plus < 0:

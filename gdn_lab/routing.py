@@ -187,10 +187,9 @@ def decide(op: str, args: Mapping[str, Any], backend: str = "auto") -> Decision:
         if not cov[0]:
             return Decision(op, backend, None, f"not covered: {cov[1]}")
         return Decision(op, backend, b, cov[1])
-    rejected: dict[str, str] = {}
+    rejected = {b.name: "runs only when named (not in the auto order)" for b in backends(op) if not b.auto}
     for b in backends(op):
         if not b.auto:
-            rejected[b.name] = "runs only when named (not in the auto order)"
             continue
         avail, cov = b.check(args)
         if not avail[0]:
