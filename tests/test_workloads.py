@@ -1,0 +1,140 @@
+"""Seeded workloads: the target's content never depends on its batch; batches follow the seed."""
+
+import pytest
+import torch
+
+from gdn_lab.ops.attention.reference import gather_request
+from gdn_lab.workloads import (
+    ATTENTION_OPS,
+    OPS,
+    AttentionShape,
+    BuildOptions,
+    GDNShape,
+    alone,
+    build,
+    derive_seed,
+    fresh_copy,
+    make_batch,
+    resolve_device,
+    resolve_dtype,
+    resolve_kv_dtype,
+    state_keys,
+    target_request,
+    target_view,
+)
+
+ATT = AttentionShape(4, 2, 32, page_size=4)
+GDN = GDNShape(2, 4, 32)
+OPTS = BuildOptions(dtype=torch.float32)
+
+
+def shape_for(op):
+    return ATT if op in ATTENTION_OPS else GDN
+
+
+def test_batches_follow_the_seed():
+    t = target_request(50, seed=7)
+    a = make_batch(t, 8, seed=7, max_len=100)
+    assert a == make_batch(t, 8, seed=7, max_len=100)
+    assert a != make_batch(t, 8, seed=8, max_len=100)
+    assert a != make_batch(t, 8, seed=7, trial=1, max_len=100)
+    assert a.target == t and a.size == 8
+    assert all(1 <= n <= 100 for n in a.lengths)
+    assert len({r.seed for r in a.requests}) == 8
+    assert target_request(50, seed=7) == t and target_request(51, seed=7).seed != t.seed
+
+
+def test_positions_cover_the_batch():
+    t = target_request(5, seed=0)
+    positions = {make_batch(t, 4, seed=0, trial=i, max_len=10).position for i in range(40)}
+    assert positions == {0, 1, 2, 3}
+    assert make_batch(t, 4, seed=0, position=2).position == 2
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_target_content_is_the_same_alone_and_in_a_batch(op):
+    t = target_request(1 if op == "gdn_decode" else 37, seed=3, new_tokens=5 if op == "prefill_attention" else None)
+    solo = alone(t, seed=3)
+    batch = make_batch(t, 5, seed=3, max_len=1 if op == "gdn_decode" else 60, new_tokens=t.new_tokens)
+    a1, ab = build(op, solo, shape_for(op), OPTS), build(op, batch, shape_for(op), OPTS)
+    v1, vb = target_view(op, solo, a1), target_view(op, batch, ab)
+    first = {"decode_attention": "q", "prefill_attention": "q", "gdn_layer_prefill": "projected_qkvz"}.get(op, "v")
+    assert torch.equal(a1[first][v1.rows], ab[first][vb.rows])
+    if op in ATTENTION_OPS:
+        for cache in ("k_cache", "v_cache"):
+            mine = [
+                gather_request(args[cache], args["kv_indptr"].tolist(), args["kv_indices"], view, t.length, None)
+                for args, view in ((a1, 0), (ab, batch.position))
+            ]
+            assert torch.equal(*mine)
+        pages_alone = a1["kv_indices"].tolist()
+        lo, hi = ab["kv_indptr"][batch.position : batch.position + 2].tolist()
+        assert sorted(pages_alone) != pages_alone, "pages are shuffled over the pool"
+        assert ab["kv_indices"][lo:hi].tolist() != pages_alone, "the target lands on other pages in a batch"
+    for key in state_keys(op):
+        assert torch.equal(a1[key][v1.slot], ab[key][vb.slot])
+        others = [s for s in range(ab[key].shape[0]) if s not in ab["cache_indices" if key != "state" else "slots"]]
+        assert others and torch.isnan(ab[key][others]).all()
+
+
+def test_prefill_attention_new_tokens_are_the_last_ones():
+    t = target_request(20, seed=0, new_tokens=6)
+    b = make_batch(t, 3, seed=0, max_len=30, new_tokens=6)
+    args = build("prefill_attention", b, ATT, OPTS)
+    view = target_view("prefill_attention", b, args)
+    assert view.rows.stop - view.rows.start == 6
+    assert args["qo_indptr"][-1] == sum(min(6, n) for n in b.lengths)
+
+
+def test_fp8_kv_uses_fixed_scales():
+    t = target_request(30, seed=0)
+    opts = BuildOptions(dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fnuz, k_scale=0.5, v_scale=0.25)
+    args = build("decode_attention", alone(t, 0), ATT, opts)
+    assert args["k_cache"].dtype == torch.float8_e4m3fnuz
+    assert float(args["k_scale"]) == 0.5 and float(args["v_scale"]) == 0.25
+
+
+def test_fresh_copy_protects_states():
+    t = target_request(9, seed=0)
+    args = build("gdn_layer_prefill", alone(t, 0), GDN, OPTS)
+    copy = fresh_copy("gdn_layer_prefill", args)
+    copy["delta_state"].zero_()
+    copy["conv_state"].zero_()
+    assert not torch.equal(copy["delta_state"], args["delta_state"])
+    assert copy["projected_qkvz"] is args["projected_qkvz"], "inputs that are only read are shared"
+
+
+def test_resolvers():
+    assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype("float32") is torch.float32
+    assert resolve_kv_dtype("fp8", torch.bfloat16, "gfx942") is torch.float8_e4m3fnuz
+    assert resolve_kv_dtype("fp8", torch.bfloat16, "gfx950") is torch.float8_e4m3fn
+    assert resolve_kv_dtype(None, torch.float16, "cpu") is torch.float16
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert derive_seed(1, "a") == derive_seed(1, "a") != derive_seed(1, "b")
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: resolve_dtype("int8"), "dtype: 'int8'"),
+        (lambda: resolve_kv_dtype("fp4", torch.bfloat16, "cpu"), "kv_dtype"),
+        (lambda: resolve_device("tpu"), "device"),
+        (lambda: make_batch(target_request(3, 0), 4, seed=0, position=4), "position"),
+        (lambda: make_batch(target_request(3, 0), 0, seed=0), "batch_size"),
+        (lambda: make_batch(target_request(3, 0), 2, seed=0, min_len=5, max_len=4), "max_len"),
+        (lambda: target_request(0, 0), "target length"),
+        (lambda: build("mm", alone(target_request(3, 0), 0), ATT), "op"),
+        (lambda: build("gdn_prefill", alone(target_request(3, 0), 0), ATT), "GDNShape"),
+        (lambda: AttentionShape(6, 4, 32), "divisible"),
+        (lambda: GDNShape(2, 4, 32, conv_width=1), "conv_width"),
+    ],
+)
+def test_bad_parameters_are_rejected(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_cuda_without_a_gpu_is_rejected():
+    with pytest.raises(ValueError, match="no CUDA"):
+        resolve_device("cuda")
