@@ -1,0 +1,35 @@
+# Two commands for a fresh machine (Python 3.11, no GPU needed):
+#   make suite   set up .venv, run the cpu-smoke notebook suite, print where index.html is
+#   make test    set up .venv, run the tests
+# TORCH picks the torch build: the default is the CPU build the lab's CI uses.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+EXTRAS ?= lab,dev
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup suite test lint clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/activate pyproject.toml
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+suite: setup
+	$(BIN)/gdn-lab run --preset cpu-smoke --out runs/cpu-smoke
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check gdn_lab tests benchmarks
+	$(BIN)/ruff format --check gdn_lab tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs
