@@ -197,6 +197,29 @@ def batch_invariance(op: str, *, progress: bool = True, **kwargs: Any) -> pd.Dat
     return run(make_config(op, **kwargs), progress=progress)
 
 
+def run_ops(
+    ops: Sequence[str],
+    op_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    progress: bool = True,
+    **common: Any,
+) -> pd.DataFrame:
+    """`batch_invariance` for several ops into one table.
+
+    Args:
+        ops: the ops, in order.
+        op_overrides: per-op replacements of any keyword of `make_config` (e.g. smaller batch sizes
+            for one op), {op: {name: value}}.
+        progress: tqdm bars on stderr.
+        **common: keywords of `make_config` shared by every op.
+    """
+    overrides = dict(op_overrides or {})
+    unknown = sorted(set(overrides) - set(ops))
+    if unknown:
+        raise ValueError(f"op_overrides: {', '.join(unknown)} not in ops; accepted: {', '.join(ops)}")
+    tables = [batch_invariance(op, progress=progress, **{**common, **overrides.get(op, {})}) for op in ops]
+    return pd.concat(tables, ignore_index=True)
+
+
 def run(cfg: InvarianceConfig, progress: bool = True) -> pd.DataFrame:
     """Run a configured experiment (see `batch_invariance`)."""
     chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls)
