@@ -1,0 +1,111 @@
+"""AITER's Triton paged decode: V1 (one pass) or V2 (1024-token partitions + reduce), as data plus a predictor.
+
+Read from amd-aiter 0.1.7.post2.dev18, `aiter/ops/triton/pa_decode.py::paged_attention_decode`:
+
+- `_SEQ_PARTITION_SIZE = 1024` and `max_num_partitions = ceil(max_seq_len / 1024)`;
+- `use_v1 = max_seq_len <= 8192 and (max_num_partitions == 1 or num_seqs * num_q_heads > 512)`;
+- V1 (`paged_attn_decode_v1`) walks a request's context in one online-softmax pass; V2
+  (`paged_attn_decode_v2`) computes each 1024-token partition apart, stores its max logit, exp sum
+  and partial output (the partial in the output dtype), and a reduce kernel merges them.
+
+`max_seq_len` is the caller's (the batch's longest context) and `num_seqs * num_q_heads` grows
+with the batch, so the kernel follows the batch.
+
+What a request's bits depend on (`numerics_key`): V1 rounds once, at the end of one pass; V2
+rounds each partition's partial to the output dtype and merges them, so a request longer than one
+partition changes bits when its batch switches between V1 and V2. A request of at most 1024 tokens
+does not: V2's partition pass is V1's loop, and its reduce multiplies the one partial by
+exp(0) = 1 and divides the exp sum by itself (exactly 1), so both store the same rounded value.
+Partitions are absolute token ranges, so the batch's partition count only pads the reduce with
+masked zeros, which the lab predicts to be bitwise neutral (a claim the experiment tests).
+
+Example:
+    >>> predict(num_seqs=17, num_q_heads=32, max_seq_len=4000).variant
+    'v1'
+    >>> p = predict(num_seqs=16, num_q_heads=32, max_seq_len=4000)
+    >>> p.variant, numerics_key(p, 4000), numerics_key(p, 1000)
+    ('v2', 'partitioned', 'single pass')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gdn_lab import checks
+
+SOURCE = "amd-aiter 0.1.7.post2.dev18, aiter/ops/triton/pa_decode.py::paged_attention_decode"
+
+
+@dataclass(frozen=True)
+class PaDecodeRule:
+    """The constants of the V1/V2 choice.
+
+    Attributes:
+        partition_size: tokens per V2 partition (`_SEQ_PARTITION_SIZE`).
+        v1_max_seq_len: V1 only when the batch's longest context is at most this.
+        v1_min_rows: V1 for a multi-partition batch only when num_seqs * num_q_heads exceeds this.
+    """
+
+    partition_size: int = 1024
+    v1_max_seq_len: int = 8192
+    v1_min_rows: int = 512
+
+
+RULE = PaDecodeRule()
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The kernel one launch takes.
+
+    Attributes:
+        variant: "v1" or "v2".
+        max_num_partitions: ceil(max_seq_len / partition_size).
+        rows: num_seqs * num_q_heads.
+        reason: the condition that decided, in words.
+    """
+
+    variant: str
+    max_num_partitions: int
+    rows: int
+    reason: str
+
+
+def predict(num_seqs: int, num_q_heads: int, max_seq_len: int, rule: PaDecodeRule = RULE) -> Prediction:
+    """Which kernel `paged_attention_decode` runs for a batch.
+
+    Args:
+        num_seqs: requests in the batch.
+        num_q_heads: query heads (Hq).
+        max_seq_len: the longest context in the batch (what callers pass).
+        rule: the constants (default: the wheel's).
+
+    Returns:
+        A Prediction.
+    """
+    for name, value in (("num_seqs", num_seqs), ("num_q_heads", num_q_heads), ("max_seq_len", max_seq_len)):
+        checks.check_positive(name, value)
+    parts = -(-max_seq_len // rule.partition_size)
+    rows = num_seqs * num_q_heads
+    if max_seq_len > rule.v1_max_seq_len:
+        return Prediction("v2", parts, rows, f"max_seq_len {max_seq_len} > {rule.v1_max_seq_len}")
+    if parts == 1:
+        return Prediction("v1", parts, rows, f"one partition (max_seq_len {max_seq_len} <= {rule.partition_size})")
+    if rows > rule.v1_min_rows:
+        return Prediction("v1", parts, rows, f"num_seqs*num_q_heads {rows} > {rule.v1_min_rows}")
+    return Prediction("v2", parts, rows, f"{parts} partitions and num_seqs*num_q_heads {rows} <= {rule.v1_min_rows}")
+
+
+def numerics_key(prediction: Prediction, seq_len: int, rule: PaDecodeRule = RULE) -> str:
+    """What a request of `seq_len` tokens' bits depend on: "single pass" or "partitioned"."""
+    if prediction.variant == "v1" or seq_len <= rule.partition_size:
+        return "single pass"
+    return "partitioned"
+
+
+def predict_call(args: Mapping[str, Any], rule: PaDecodeRule = RULE) -> Prediction:
+    """The prediction for a validated decode_attention call (as the lab's backend launches it)."""
+    q, seq_lens = args["q"], args["seq_lens"]
+    return predict(q.shape[0], q.shape[1], int(seq_lens.max()), rule)
