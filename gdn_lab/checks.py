@@ -93,6 +93,21 @@ def check_tensor(
         raise ValueError(f"{name}: on {t.device}, but the call's tensors are on {device} (all must share a device)")
 
 
+def signature(values: Sequence[object]) -> tuple | None:
+    """What shape/dtype validation reads from a call, as a hashable key.
+
+    A tensor contributes its type, shape, dtype and device; any other value its type and itself.
+    Checks that read only these (not tensor values) give the same answer for the same key, so an
+    op may skip them for a signature it has already accepted. None when a value is unhashable.
+    """
+    key = tuple((type(x), x.shape, x.dtype, x.device) if isinstance(x, torch.Tensor) else (type(x), x) for x in values)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def check_optional(name: str, t: object, shape: str, dims: Dims, dtypes=None, device=None) -> None:
     if t is not None:
         check_tensor(name, t, shape, dims, dtypes, device)

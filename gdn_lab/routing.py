@@ -143,6 +143,10 @@ def backend_names(op: str) -> list[str]:
 
 
 def get(op: str, name: str) -> Backend:
+    _ensure_loaded()
+    found = _REGISTRY.get(op, {}).get(name)
+    if found is not None:  # the hot path of every named call: no sorting
+        return found
     names = backend_names(op)
     if name not in names:
         raise ValueError(f"backend: {name!r} is not a backend of {op}; accepted: auto, {', '.join(names)}")

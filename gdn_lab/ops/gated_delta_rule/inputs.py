@@ -32,8 +32,13 @@ def check_slots(dims: checks.Dims, slots, lead: str, device: torch.device, check
     """slots: int32 [lead], distinct, inside the pool or negative (padding)."""
     checks.check_tensor("slots", slots, lead, dims, (torch.int32,), device)
     if check_indices:
-        checks.check_index_range("slots", slots, dims["S"], "state.shape[0] (slots in the pool)", allow_negative=True)
-        checks.check_distinct("slots", slots)
+        check_slot_values(slots, dims["S"])
+
+
+def check_slot_values(slots: torch.Tensor, num_slots: int) -> None:
+    """Slot values: inside the pool of `num_slots` or negative (padding), and distinct (host sync)."""
+    checks.check_index_range("slots", slots, num_slots, "state.shape[0] (slots in the pool)", allow_negative=True)
+    checks.check_distinct("slots", slots)
 
 
 def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> list[int]:

@@ -1,0 +1,497 @@
+"""Benchmark gdn_decode's fused Triton kernel against fla's fused_recurrent_gated_delta_rule.
+
+One decode step (one token per request), bf16 q/k/v/a/b, fp32 state pool of B slots, K = V = 128,
+(HK, HV) in (4, 8), (16, 32), (2, 8), B in 1, 8, 32, 64, 256, 1024. Timed ways:
+
+- eager: the public `gdn_decode(..., backend="triton", check_indices=False)` (validation + routing
+  + launch), the kernel wrapper `gdn_decode_triton` alone, and fla's public function; wall time
+  per call over a loop, synchronised at the end (so a call costs max(host time, GPU time));
+- graph: one step captured in a torch.cuda.CUDAGraph, replays timed with CUDA events.
+
+fla is timed two ways: `fla-gate`, with the gates in its kernel (use_gate_in_kernel=True with
+A_log/dt_bias and raw a, use_beta_sigmoid_in_kernel=True with raw b: one launch doing what ours
+does, the like-for-like comparison, `ratio_vs_fla`), and `fla-pre`, with g and beta precomputed
+once outside the timing (the measured_h200.md anchor call, `ratio_vs_fla_pre`). fla's state is
+its default [B, HV, K, V]; ours is the lab's [slot, HV, V, K] pool, updated in place.
+
+State traffic is B*HV*K*V*4 bytes read plus the same written; `roofline_frac` divides it by the
+4.26 TB/s device-to-device copy roofline measured on the H200. Pools of B <= 64 fit in the 50 MB
+L2 (`fits_l2`), so small batches can run above the HBM roofline.
+
+Beside the timings the CSV has: correctness against fla and the torch reference; bitwise
+invariance of one request alone vs inside batches for `triton`, each fixed k_split, the control
+and fla; whether k_split and the V tiling change bits on this GPU (the known-variant check); a
+config sweep; and the host-side cost of validation and routing. Every row carries the environment
+fingerprint. Run from the repository root:
+
+    python3 benchmarks/bench_gdn_decode.py --out OUT_DIR           # the H200 run (~2 minutes)
+    python3 benchmarks/bench_gdn_decode.py --out OUT_DIR --smoke   # tiny shapes, CPU interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import inspect
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOFLINE_TBPS = 4.26  # H200 device-to-device copy, bytes read + written (measured_h200.md)
+L2_BYTES = 50 * 2**20
+CSV_NAME = "bench_gdn_decode.csv"
+COLUMNS = [
+    "kind",
+    "impl",
+    "mode",
+    "HK",
+    "HV",
+    "K",
+    "V",
+    "B",
+    "dtype",
+    "block_v",
+    "num_warps",
+    "k_split",
+    "us",
+    "state_bytes",
+    "tb_s",
+    "roofline_frac",
+    "fits_l2",
+    "ratio_vs_fla",
+    "ratio_vs_fla_pre",
+    "target",
+    "target_met",
+    "max_abs_vs_fla",
+    "max_abs_vs_ref",
+    "state_max_abs_vs_ref",
+    "bitwise_equal",
+    "n_diff",
+    "max_abs",
+    "note",
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="directory for bench_gdn_decode.csv")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), seconds")
+    p.add_argument("--shapes", default=None, help="HK/HV list, e.g. 4/8,16/32,2/8")
+    p.add_argument("--batches", default=None, help="batch sizes, e.g. 1,8,32,64,256,1024")
+    p.add_argument("--no-sweep", action="store_true", help="skip the block_v/num_warps/k_split sweep")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.shapes = [
+        tuple(int(x) for x in s.split("/"))
+        for s in (args.shapes or ("1/2" if args.smoke else "4/8,16/32,2/8")).split(",")
+    ]
+    args.batches = [int(b) for b in (args.batches or ("2" if args.smoke else "1,8,32,64,256,1024")).split(",")]
+    args.head_dim = 16 if args.smoke else 128
+    return args
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+
+def make_case(B: int, hk: int, hv: int, d: int, device: torch.device, seed: int, dtype=torch.bfloat16):
+    """Raw tensors of one decode step: B requests, a pool of B slots in a shuffled order."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=g)).to(device=device, dtype=dtype)
+
+    return {
+        "q": rnd(B, hk, d),
+        "k": rnd(B, hk, d),
+        "v": rnd(B, hv, d),
+        "a": rnd(B, hv),
+        "b": rnd(B, hv),
+        "A_log": (0.5 * torch.randn(hv, generator=g)).to(device),
+        "dt_bias": (0.5 * torch.randn(hv, generator=g)).to(device),
+        "state": (0.1 * torch.randn(B, hv, d, d, generator=g)).to(device),
+        "slots": torch.randperm(B, generator=g).to(device=device, dtype=torch.int32),
+    }
+
+
+def fla_inputs(case: dict, gate_in_kernel: bool) -> dict:
+    """fla's keyword arguments for the same step: [B, 1, H, D] inputs, a K-first state copy."""
+    from gdn_lab.ops.gated_delta_rule.reference import gates
+
+    kw = {
+        "q": case["q"][:, None],
+        "k": case["k"][:, None],
+        "v": case["v"][:, None],
+        "initial_state": case["state"][case["slots"].long()].transpose(-1, -2).contiguous(),
+        "output_final_state": True,
+        "use_qk_l2norm_in_kernel": True,
+    }
+    if gate_in_kernel:
+        kw.update(
+            g=case["a"][:, None],
+            beta=case["b"][:, None],
+            A_log=case["A_log"],
+            dt_bias=case["dt_bias"],
+            use_gate_in_kernel=True,
+            use_beta_sigmoid_in_kernel=True,
+        )
+    else:
+        g, beta = gates(case["a"], case["b"], case["A_log"], case["dt_bias"])
+        kw.update(g=g[:, None], beta=beta[:, None])
+    return kw
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reps(one_call_us: float, budget_us: float, lo: int, hi: int) -> int:
+    return int(max(lo, min(hi, budget_us / max(one_call_us, 1e-3))))
+
+
+def time_eager(fn: Callable[[], object], device: torch.device, smoke: bool) -> float:
+    """Microseconds per call of a loop of calls, synchronised at the end."""
+    warm = 0 if smoke else 10
+    for _ in range(warm):
+        fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    first = (time.perf_counter() - t0) * 1e6
+    reps = 1 if smoke else _reps(first, 30_000, 20, 3000)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e6 / reps
+
+
+def time_graph(fn: Callable[[], object], device: torch.device) -> float:
+    """Microseconds per replay of a CUDA graph holding one call (CUDA events over many replays)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(5):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    _sync(device)
+    start.record()
+    graph.replay()
+    end.record()
+    _sync(device)
+    reps = _reps(start.elapsed_time(end) * 1e3, 30_000, 20, 5000)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    _sync(device)
+    return start.elapsed_time(end) * 1e3 / reps
+
+
+# --- the benchmark ------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        from gdn_lab.device import fingerprint
+        from gdn_lab.ops.gated_delta_rule import decode, triton_decode
+
+        self.args = args
+        self.device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+        self.graphs = self.device.type == "cuda"
+        self.decode, self.td = decode, triton_decode
+        self.fp = fingerprint(self.device)
+        self.rows: list[dict] = []
+        self.fla = self._load_fla()
+
+    def _load_fla(self):
+        try:
+            from gdn_lab.ops.gated_delta_rule import fla as lab_fla  # sets FLA_DISABLE_BACKEND_DISPATCH=1
+        except ImportError as exc:
+            print(f"fla not importable ({exc}): the fla rows are skipped", file=sys.stderr)
+            return None
+        fn = lab_fla.fused_recurrent_gated_delta_rule
+        self.fla_gate_ok = "use_gate_in_kernel" in inspect.signature(fn).parameters
+        return fn
+
+    def row(self, **fields) -> dict:
+        r = dict.fromkeys(COLUMNS)
+        r.update(fields)
+        r.update({f"env_{k}": v for k, v in self.fp.items()})
+        self.rows.append(r)
+        return r
+
+    def config(self, head_k_dim: int, overrides: dict) -> dict:
+        """The kernel config a call runs with: the defaults, then `overrides`."""
+        cfg = {"block_v": self.td.DEFAULT_BLOCK_V, "num_warps": self.td.DEFAULT_NUM_WARPS}
+        cfg["k_split"] = self.td.default_k_split(head_k_dim)
+        return {**cfg, **overrides}
+
+    def validated(self, case: dict) -> dict:
+        c = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+        return self.decode.validate(**c, check_indices=False)
+
+    def timing_rows(self, hk: int, hv: int, B: int) -> None:
+        d = self.args.head_dim
+        case = make_case(B, hk, hv, d, self.device, self.args.seed)
+        args = self.validated(case)
+        state_bytes = 2 * B * hv * d * d * 4
+        gdn_decode, wrapper = self.decode.gdn_decode, self.td.gdn_decode_triton
+        cfg = self.config(d, {})
+        raw = {k: args[k] for k in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "slots")}
+        ours = {
+            "triton-public": lambda: gdn_decode(**raw, backend="triton", check_indices=False),
+            "triton-wrapper": lambda: wrapper(**args),
+        }
+        fla = {}
+        if self.fla is not None:
+            kinds = (("fla-gate", True), ("fla-pre", False)) if self.fla_gate_ok else (("fla-pre", False),)
+            for name, gate in kinds:
+                kw = fla_inputs(case, gate)
+                fla[name] = lambda kw=kw: self.fla(**kw)
+
+        check = self.correctness(case, hk, hv, B)
+        base = {"HK": hk, "HV": hv, "K": d, "V": d, "B": B, "dtype": "bfloat16", "state_bytes": state_bytes}
+        base["fits_l2"] = state_bytes // 2 <= L2_BYTES
+        modes = [("eager", lambda fn: time_eager(fn, self.device, self.args.smoke))]
+        if self.graphs:
+            modes.append(("graph", lambda fn: time_graph(fn, self.device)))
+        for mode, timer in modes:
+            times = {name: timer(fn) for name, fn in fla.items()}
+            for name, fn in ours.items():
+                if mode == "graph" and name == "triton-public":
+                    continue  # a graph replays the same kernel: the public path's host cost is gone
+                times[name] = timer(fn)
+            for name, us in times.items():
+                r = self.row(kind="timing", impl=name, mode=mode, us=us, **base)
+                r["tb_s"] = state_bytes / us / 1e6
+                r["roofline_frac"] = r["tb_s"] / ROOFLINE_TBPS
+                if name.startswith("triton"):
+                    r.update(cfg)
+                    r.update(check)
+                    if "fla-gate" in times:
+                        r["ratio_vs_fla"] = times["fla-gate"] / us
+                    if "fla-pre" in times:
+                        r["ratio_vs_fla_pre"] = times["fla-pre"] / us
+                    self._target(r, mode, B)
+                print(
+                    f"{mode:5s} HK/HV {hk}/{hv} B={B:5d} {name:15s} {us:9.1f} us  {r['tb_s']:.2f} TB/s"
+                    + (f"  x{r['ratio_vs_fla']:.2f} vs fla" if r.get("ratio_vs_fla") else ""),
+                    flush=True,
+                )
+
+    @staticmethod
+    def _target(r: dict, mode: str, B: int) -> None:
+        """The issue's targets: >= 1.15x fla in a graph at B >= 256, >= 3x fla eager at B <= 64."""
+        if r["ratio_vs_fla"] is None:
+            return
+        if mode == "graph" and B >= 256:
+            r["target"], r["target_met"] = ">=1.15x fla (graph, B>=256)", r["ratio_vs_fla"] >= 1.15
+        elif mode == "eager" and B <= 64:
+            r["target"], r["target_met"] = ">=3x fla (eager, B<=64)", r["ratio_vs_fla"] >= 3.0
+
+    def correctness(self, case: dict, hk: int, hv: int, B: int) -> dict:
+        """Max |ours - fla| on the output, and vs the torch reference (output and state) for B <= 64."""
+        from gdn_lab.ops.gated_delta_rule.reference import gdn_decode_torch
+
+        args = self.validated(case)
+        out = self.td.gdn_decode_triton(**args)
+        res = {}
+        if self.fla is not None:
+            o_fla, _ = self.fla(**fla_inputs(case, self.fla_gate_ok))
+            res["max_abs_vs_fla"] = float((out.float() - o_fla[:, 0].float()).abs().max())
+        if B <= 64:
+            ref_args = self.validated(case)
+            ref = gdn_decode_torch(**ref_args)
+            res["max_abs_vs_ref"] = float((out.float() - ref.float()).abs().max())
+            res["state_max_abs_vs_ref"] = float((args["state"] - ref_args["state"]).abs().max())
+        return res
+
+    def invariance_rows(self, hk: int, hv: int, batches: list[int]) -> None:
+        """One request alone vs at position B//2 of batches (its own slot elsewhere in the pool)."""
+        from gdn_lab.experiments.compare import compare
+
+        d = self.args.head_dim
+        bk = 1 << (d - 1).bit_length()
+        target = make_case(1, hk, hv, d, self.device, seed=1234)
+        impls: dict[str, Callable] = {
+            "triton": lambda a: self.td.gdn_decode_triton(**a),
+            "triton-ksplit-by-batch": lambda a: self.td.gdn_decode_triton_ksplit_by_batch(**a),
+        }
+        for ks in sorted({1, 4, 8, 16, 32} & set(2**i for i in range(bk.bit_length()))):
+            impls[f"triton-k_split={ks}"] = lambda a, ks=ks: self.td.gdn_decode_triton(**a, k_split=ks)
+        if self.fla is not None:
+            from gdn_lab.ops.gated_delta_rule.fla import gdn_decode_fla
+
+            impls["fla"] = lambda a: gdn_decode_fla(**a)
+        alone = {name: self._run_target(fn, target, None) for name, fn in impls.items()}
+        for B in batches:
+            batch = make_case(B, hk, hv, d, self.device, seed=B)
+            pos = B // 2
+            for key in ("q", "k", "v", "a", "b"):
+                batch[key][pos] = target[key][0]
+            batch["A_log"], batch["dt_bias"] = target["A_log"], target["dt_bias"]
+            batch["state"] = torch.cat([batch["state"], target["state"]])
+            batch["slots"][pos] = B  # the target's slot: the pool's last
+            for name, fn in impls.items():
+                o, s = self._run_target(fn, batch, pos)
+                cmp_o, cmp_s = compare(alone[name][0], o), compare(alone[name][1], s)
+                ks = self.td.control_k_split(B, hk, hv, d, d, torch.bfloat16)[0] if name.endswith("by-batch") else None
+                self.row(
+                    kind="invariance",
+                    impl=name,
+                    HK=hk,
+                    HV=hv,
+                    K=d,
+                    V=d,
+                    B=B,
+                    dtype="bfloat16",
+                    k_split=ks,
+                    bitwise_equal=cmp_o["bitwise_equal"] and cmp_s["bitwise_equal"],
+                    n_diff=cmp_o["n_diff"] + cmp_s["n_diff"],
+                    max_abs=max(cmp_o["max_abs"], cmp_s["max_abs"]),
+                    note=f"target alone vs position {pos} of {B}; output and state; alone k_split "
+                    + (str(self.td.control_k_split(1, hk, hv, d, d, torch.bfloat16)[0]) if ks else "fixed"),
+                )
+                print(
+                    f"invariance {name:24s} B={B:5d} equal={cmp_o['bitwise_equal'] and cmp_s['bitwise_equal']}",
+                    flush=True,
+                )
+
+    def _run_target(self, fn: Callable, case: dict, pos: int | None):
+        args = self.validated(case)
+        out = fn(args)
+        if pos is None:
+            return out[0].clone(), args["state"][0].clone()
+        return out[pos].clone(), args["state"][-1].clone()
+
+    def variance_rows(self, hk: int, hv: int, B: int) -> None:
+        """The known-variant checks: another k_split, or another V tiling, on the same inputs."""
+        from gdn_lab.experiments.compare import compare
+
+        d = self.args.head_dim
+        case = make_case(B, hk, hv, d, self.device, self.args.seed + 7)
+        ref_args = self.validated(case)
+        ref = self.td.gdn_decode_triton(**ref_args)
+        bk = 1 << (d - 1).bit_length()
+        variants = [{"k_split": ks} for ks in (1, 2, 4, 16, 32) if ks <= bk]
+        variants += [{"block_v": 16, "num_warps": 2}, {"block_v": 8, "num_warps": 1}, {"block_v": 64, "num_warps": 8}]
+        for cfg in variants:
+            args = self.validated(case)
+            out = self.td.gdn_decode_triton(**args, **cfg)
+            c_o, c_s = compare(ref, out), compare(ref_args["state"], args["state"])
+            full = self.config(d, cfg)
+            self.row(
+                kind="ksplit_variance" if "k_split" in cfg else "tile_variance",
+                impl="triton",
+                HK=hk,
+                HV=hv,
+                K=d,
+                V=d,
+                B=B,
+                dtype="bfloat16",
+                bitwise_equal=c_o["bitwise_equal"] and c_s["bitwise_equal"],
+                n_diff=c_o["n_diff"] + c_s["n_diff"],
+                max_abs=max(c_o["max_abs"], c_s["max_abs"]),
+                note="vs the default config on the same inputs",
+                **full,
+            )
+
+    def sweep_rows(self, hk: int, hv: int, batches: list[int]) -> None:
+        """Graph-mode time of other configs (the default stays fixed; this says what it costs)."""
+        d = self.args.head_dim
+        configs = [{"block_v": bv, "num_warps": nw} for bv in (8, 16, 32, 64) for nw in (1, 2, 4, 8)]
+        configs += [{"k_split": ks} for ks in (1, 2, 4, 16, 32)]
+        for B in batches:
+            case = make_case(B, hk, hv, d, self.device, self.args.seed)
+            state_bytes = 2 * B * hv * d * d * 4
+            for cfg in configs:
+                args = self.validated(case)
+                us = time_graph(lambda args=args, cfg=cfg: self.td.gdn_decode_triton(**args, **cfg), self.device)
+                full = self.config(d, cfg)
+                tb = state_bytes / us / 1e6
+                self.row(kind="sweep", impl="triton-wrapper", mode="graph", HK=hk, HV=hv, K=d, V=d, B=B, us=us,
+                         dtype="bfloat16", state_bytes=state_bytes, tb_s=tb, roofline_frac=tb / ROOFLINE_TBPS, **full)  # fmt: skip
+                print(f"sweep B={B:5d} {full} {us:8.1f} us {tb:.2f} TB/s", flush=True)
+
+    def overhead_rows(self, hk: int, hv: int) -> None:
+        """Host cost of the public path's pieces at B=1 (no kernel): validation and routing."""
+        from gdn_lab import routing
+
+        d = self.args.head_dim
+        case = make_case(1, hk, hv, d, self.device, self.args.seed)
+        args = self.validated(case)
+        raw = {k: args[k] for k in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "slots")}
+        pieces = {
+            "validate(check_indices=False)": lambda: self.decode.validate(**raw, check_indices=False),
+            "validate(check_indices=True)": lambda: self.decode.validate(**raw, check_indices=True),
+            "route(triton)": lambda: routing.route(self.decode.OP, args, "triton"),
+            "route(auto)": lambda: routing.route(self.decode.OP, args, "auto"),
+        }
+        for name, fn in pieces.items():
+            n = 20 if self.args.smoke else 5000
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            us = (time.perf_counter() - t0) * 1e6 / n
+            self.row(kind="overhead", impl=name, mode="host", HK=hk, HV=hv, K=d, V=d, B=1, us=us, dtype="bfloat16")
+            print(f"host {name:32s} {us:7.2f} us", flush=True)
+
+    def write(self, out_dir: Path) -> Path:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / CSV_NAME
+        fields = COLUMNS + [f"env_{k}" for k in self.fp]
+        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".bench_gdn_decode.", suffix=".csv")
+        with os.fdopen(fd, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(self.rows)
+        os.replace(tmp, path)
+        return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.smoke and not torch.cuda.is_available():
+        # Must precede the first import of a Triton kernel module (triton.jit reads it then).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    bench = Bench(args)
+    t0 = time.time()
+    first = args.shapes[0]
+    bench.overhead_rows(*first)
+    for hk, hv in args.shapes:
+        for B in args.batches:
+            bench.timing_rows(hk, hv, B)
+    inv_batches = [13] if args.smoke else [8, 64, 256, 1024]
+    bench.invariance_rows(*first, inv_batches)
+    bench.variance_rows(*first, 2 if args.smoke else 64)
+    if bench.graphs and not args.no_sweep:
+        bench.sweep_rows(*first, [1, 64, 256, 1024])
+    path = bench.write(Path(args.out))
+    met = [r for r in bench.rows if r["target_met"] is not None]
+    print(f"\nwrote {len(bench.rows)} rows to {path} in {time.time() - t0:.0f} s")
+    for r in met:
+        print(
+            f"target {r['target']:28s} HK/HV {r['HK']}/{r['HV']} B={r['B']:5d} {r['impl']:15s} x{r['ratio_vs_fla']:.2f} met={r['target_met']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""benchmarks/bench_gdn_decode.py --smoke: the whole script on tiny shapes (CPU interpreter)."""
+
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_smoke(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_gdn_decode.py"), "--smoke", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=300, capture_output=True)
+    with (tmp_path / "bench_gdn_decode.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    kinds = {r["kind"] for r in rows}
+    assert {"overhead", "timing", "invariance", "ksplit_variance", "tile_variance"} <= kinds
+    assert all(r["env_torch"] and r["env_triton_interpret"] == "True" for r in rows)
+    timing = [r for r in rows if r["kind"] == "timing"]
+    assert {"triton-public", "triton-wrapper"} <= {r["impl"] for r in timing}
+    assert all(float(r["us"]) > 0 for r in timing)
+    ours = [r for r in timing if r["impl"].startswith("triton")]
+    assert all(float(r["max_abs_vs_ref"]) < 2e-2 and float(r["state_max_abs_vs_ref"]) < 1e-4 for r in ours)
+    inv = {r["impl"]: r["bitwise_equal"] for r in rows if r["kind"] == "invariance"}
+    assert inv["triton"] == "True" and all(v == "True" for k, v in inv.items() if "k_split=" in k)
+    assert inv["triton-ksplit-by-batch"] == "False", "the control must be caught at B=13"
+    if importlib.util.find_spec("fla") is not None:
+        assert inv["fla"] == "True" and {"fla-gate", "fla-pre"} <= {r["impl"] for r in timing}
