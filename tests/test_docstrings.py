@@ -13,6 +13,8 @@ MODULES = [
     "gdn_lab.ops.gated_delta_rule.prefill",
     "gdn_lab.ops.gdn_layer.layer_prefill",
     "gdn_lab.ops.gdn_layer.conv_update",
+    "gdn_lab.ops.matmul.gemm",
+    "gdn_lab.ops.rmsnorm.rmsnorm",
 ]
 
 

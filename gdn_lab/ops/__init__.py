@@ -15,6 +15,10 @@ from gdn_lab.ops.gdn_layer import conv_update as _conv_update
 from gdn_lab.ops.gdn_layer import layer_prefill as _layer_prefill
 from gdn_lab.ops.gdn_layer.conv_update import causal_conv1d_update
 from gdn_lab.ops.gdn_layer.layer_prefill import gdn_layer_prefill
+from gdn_lab.ops.matmul import gemm as _matmul
+from gdn_lab.ops.matmul.gemm import matmul
+from gdn_lab.ops.rmsnorm import rmsnorm as _rmsnorm
+from gdn_lab.ops.rmsnorm.rmsnorm import rms_norm
 
 __all__ = [
     "causal_conv1d_update",
@@ -22,7 +26,9 @@ __all__ = [
     "gdn_decode",
     "gdn_layer_prefill",
     "gdn_prefill",
+    "matmul",
     "prefill_attention",
+    "rms_norm",
 ]
 
 # A small validated call per op, for explain() in `gdn-lab env` and for tests.
@@ -33,4 +39,6 @@ EXAMPLES = {
     "gdn_prefill": _gdn_prefill.example,
     "gdn_layer_prefill": _layer_prefill.example,
     "causal_conv1d_update": _conv_update.example,
+    "matmul": _matmul.example,
+    "rms_norm": _rmsnorm.example,
 }

@@ -1,4 +1,4 @@
-"""What our Triton attention kernels share: reading a paged KV cache, and the dot precision.
+"""What our Triton attention kernels share: reading a paged KV cache, scales, grid bounds.
 
 Imports triton at load; the registrations reach this module only through `routing.lazy`.
 """
@@ -6,49 +6,12 @@ Imports triton at load; the registrations reach this module only through `routin
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from gdn_lab.ops.triton_support import interpreting
-
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
-
-_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-
-
-@dataclass(frozen=True)
-class DotPrecision:
-    """The dtype both tl.dot operands are converted to, and tl.dot's input_precision.
-
-    Attributes:
-        dtype: the Triton operand dtype (the accumulator is always float32).
-        input_precision: "ieee" for float32 operands (no TF32 rounding), None (Triton's default) else.
-    """
-
-    dtype: tl.dtype
-    input_precision: str | None
-
-
-def dot_precision(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> DotPrecision:
-    """Operand precision for Q·K and P·V, fixed by the dtypes alone (never by the batch).
-
-    On the GPU the operands are the query's dtype when the cache holds that dtype or fp8 (an e4m3
-    value converts to bf16/fp16 exactly), else float32. Under the interpreter they are always
-    float32: Triton 3.9's interpreter computes tl.dot on bf16 operands wrongly.
-    """
-    if interpreting() or q_dtype == torch.float32:
-        return DotPrecision(tl.float32, "ieee")
-    if kv_dtype == q_dtype or kv_dtype.itemsize == 1:
-        return DotPrecision(_TL_DTYPES[q_dtype], None)
-    return DotPrecision(tl.float32, "ieee")
-
-
-def pow2_at_least(n: int, floor: int = 16) -> int:
-    """The tile extent for n rows or columns: a power of two, at least `floor` (tl.dot needs 16)."""
-    return max(floor, triton.next_power_of_2(n))
 
 
 @triton.jit

@@ -25,12 +25,11 @@ import triton.language as tl
 from gdn_lab.device import detect
 from gdn_lab.ops.attention.triton_paged import (
     LOG2E,
-    dot_precision,
     grid_bound,
     load_kv_tile,
-    pow2_at_least,
     scale_args,
 )
+from gdn_lab.ops.triton_common import dot_precision, pow2_at_least
 from gdn_lab.ops.triton_support import interpreting
 
 

@@ -1,0 +1,102 @@
+"""matmul: the batch-invariant Triton kernel, the float64 reference, and the two batch-variant controls.
+
+Closeness is against the float64 reference with a tolerance per dtype. Invariance is the
+batch_invariant_ops property `mm(x[:m], w) == mm(x, w)[:m]`, plus a row taken alone from the
+middle. Each control is shown to differ on a case the test constructs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdn_lab.device import detect
+from gdn_lab.ops import matmul
+from gdn_lab.routing import get
+
+OP = "matmul"
+# (atol, rtol): float32 accumulation of up to 256 products of unit normals; 16-bit outputs round once.
+TOL = {torch.float32: (1e-4, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1e-2, 1.6e-2)}
+
+
+def _inputs(m, k, n, dtype, device, seed=0, transposed=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    w = torch.randn(n, k, generator=g).to(device=device, dtype=dtype)
+    return x, (w.t() if transposed else w.t().contiguous())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize(
+    ("m", "k", "n", "transposed"),
+    [(1, 40, 24, False), (33, 100, 70, False), (64, 256, 96, True)],
+    ids=["1x40x24", "33x100x70", "64x256x96-wT"],
+)
+def test_triton_matches_reference(device, dtype, m, k, n, transposed):
+    x, w = _inputs(m, k, n, dtype, device, transposed=transposed)
+    out = matmul(x, w, backend="triton")
+    ref = matmul(x, w, backend="torch")
+    assert out.dtype == dtype and out.shape == (m, n)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_triton_is_batch_invariant(device, dtype):
+    x, w = _inputs(64, 200, 70, dtype, device, seed=1)
+    full = matmul(x, w, backend="triton")
+    for m in (1, 2, 3, 17, 33):
+        assert torch.equal(matmul(x[:m], w, backend="triton"), full[:m]), f"M={m}"
+    assert torch.equal(matmul(x[37:38].clone(), w, backend="triton"), full[37:38])
+
+
+def test_torch_native_control_varies(device):
+    # Measured: the H200's cuBLAS changes kernels for bf16 K=N=4096 from M=64 up; the CPU's float32
+    # path for M < 8 differs from larger M (bf16 on the CPU did not vary: see matmul_native).
+    if device.type == "cuda":
+        x, w = _inputs(2048, 4096, 4096, torch.bfloat16, device)
+    else:
+        x, w = _inputs(64, 256, 96, torch.float32, device)
+    run = get(OP, "torch-native").run
+    assert not torch.equal(run(x[:1], w), run(x, w)[:1])
+
+
+def test_splitk_control_varies(device):
+    from gdn_lab.ops.matmul.triton_matmul import matmul_config, splitk_for_batch
+
+    dtype = torch.float32
+    cfg = matmul_config(dtype)
+    sms = detect(device).num_sms
+    m, k, n = cfg.block_m * sms, 4 * cfg.block_k, cfg.block_n  # one column tile; M fills every SM
+    assert splitk_for_batch(1, n, k, cfg, sms) > 1 and splitk_for_batch(m, n, k, cfg, sms) == 1
+    x, w = _inputs(m, k, n, dtype, device, seed=2)
+    run = get(OP, "triton-splitk-by-batch").run
+    alone, batched = run(x[:1], w), run(x, w)[:1]
+    assert not torch.equal(alone, batched)
+    torch.testing.assert_close(alone, batched, atol=1e-4, rtol=1e-5)
+
+
+def test_controls_are_registered_as_controls():
+    from gdn_lab.ops.matmul.gemm import matmul_native
+    from gdn_lab.ops.matmul.triton_matmul import matmul_splitk_by_batch
+
+    for name, fn in (("torch-native", matmul_native), ("triton-splitk-by-batch", matmul_splitk_by_batch)):
+        b = get(OP, name)
+        assert b.variant_control and not b.auto
+        assert "control" in fn.__doc__.lower()
+    assert get(OP, "triton").auto and not get(OP, "triton").variant_control
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "match"),
+    [
+        (torch.randn(2, 8), torch.randn(8, 3, dtype=torch.float64), "w: dtype"),
+        (torch.randn(2, 8), torch.randn(7, 3), "w: expected shape"),
+        (torch.randn(0, 8), torch.randn(8, 3), "M: must be > 0"),
+        (torch.randn(2, 8, 1), torch.randn(8, 3), "x: expected 2 dims"),
+    ],
+    ids=["w-dtype", "K-mismatch", "empty-M", "x-rank"],
+)
+def test_bad_input(x, w, match):
+    with pytest.raises(ValueError, match=match):
+        matmul(x, w, backend="triton")
