@@ -17,6 +17,9 @@ EPILOG = """\
 examples:
   gdn-lab env                      where am I, and which backends can run here (and why not)
   gdn-lab env --json               the same as JSON (fingerprint + one row per op and backend)
+  gdn-lab run --preset cpu-smoke   every notebook on the CPU smoke preset; prints where index.html is
+  gdn-lab run --preset h200 --only 01 -p seed=3 --out /tmp/run
+  gdn-lab invariance --op decode_attention --backend triton --device cpu --targets 1,257 --batch-sizes 2,8
 """
 
 
@@ -57,6 +60,71 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gdn_lab.report.runner import RunError, run_suite
+
+    try:
+        summary = run_suite(args.preset, only=args.only, overrides=args.param, out=args.out, archive_to=args.archive)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    failed = [nb.name for nb in summary.notebooks if nb.status != "ok"]
+    if failed:
+        print(f"{len(failed)} of {len(summary.notebooks)} notebooks failed: {', '.join(failed)}", file=sys.stderr)
+    print(f"{summary.out}/index.html")
+    return 1 if failed else 0
+
+
+def _invariance(args: argparse.Namespace) -> int:
+    import os
+
+    from gdn_lab.experiments.batch_invariance import batch_invariance, summarize
+    from gdn_lab.workloads import resolve_device
+
+    try:
+        device = resolve_device(args.device)
+        if device.type == "cpu":
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        df = batch_invariance(
+            args.op,
+            backends=[args.backend],
+            targets=args.targets,
+            batch_sizes=args.batch_sizes,
+            seed=args.seed,
+            device=device,
+            dtype=args.dtype or ("float32" if device.type == "cpu" else "bfloat16"),
+            kv_dtype=None if args.kv_dtype == "auto" else args.kv_dtype,
+            max_context=args.max_context,
+            progress=not args.json,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        for line in df.to_json(orient="records", lines=True).splitlines():
+            print(line)
+    else:
+        import pandas as pd
+
+        with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_rows", None):
+            cols = ["op", "backend", "is_control", "covered", "target_len", "batch_size", "position", "tensor"]
+            print(df[cols + ["bitwise_equal", "n_diff", "max_abs", "max_ulp", "ref_max_abs", "reason"]].to_string())
+            print()
+            print(summarize(df).drop(columns=["label"]).to_string(index=False))
+    tested = df[(df.backend == args.backend) & (df.status == "compared")]
+    return 0 if not tested.empty and bool(tested.bitwise_equal.astype(bool).all()) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gdn-lab",
@@ -74,6 +142,54 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--device", choices=["cpu", "cuda"], help="device to probe (default: the GPU if any, else cpu)")
     env.add_argument("--json", action="store_true", help="print JSON instead of a table")
     env.set_defaults(func=_env)
+
+    run = sub.add_parser(
+        "run",
+        help="execute the notebook suite with papermill into a run directory (ipynb, html, tables, index.html)",
+        description="Execute notebooks/NN_*.ipynb with papermill on a preset (data/presets/NAME.yaml). Writes the "
+        "executed notebooks, one HTML report each, their CSV tables, index.html and summary.json into --out; "
+        "a failing notebook does not stop the others. Exit status: 0 if all ran, 1 if any failed, 2 for bad input. "
+        "Prints the path of index.html on stdout.",
+    )
+    run.add_argument("--preset", required=True, help="preset name (data/presets/NAME.yaml) or a path to a YAML file")
+    run.add_argument(
+        "--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (stem or unique prefix, e.g. 01)"
+    )
+    run.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a notebook parameter (VALUE read as YAML); repeatable",
+    )
+    run.add_argument("--out", help="run directory (default: runs/<preset>-<time>/)")
+    run.add_argument("--archive", metavar="FILE.tar.gz", help="also pack the run directory into one archive")
+    run.set_defaults(func=_run)
+
+    from gdn_lab.workloads import OPS
+
+    inv = sub.add_parser(
+        "invariance",
+        help="one batch-invariance experiment: a target alone vs inside batches, bitwise",
+        description="Run one op's batch-invariance experiment for one backend (plus the op's batch-variant "
+        "controls) and print the table (JSON lines with --json). Exit status 0 if the backend was bitwise "
+        "invariant in every comparison, 1 if not (or it covered nothing), 2 for bad input.",
+    )
+    inv.add_argument("--op", required=True, choices=OPS)
+    inv.add_argument("--backend", required=True, help="a backend registered for the op (see `gdn-lab env`)")
+    inv.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    inv.add_argument("--targets", type=_ints, default=[1, 255, 256, 257], help="target lengths (default 1,255,256,257)")
+    inv.add_argument("--batch-sizes", type=_ints, default=[2, 8, 33], help="batch sizes (default 2,8,33)")
+    inv.add_argument(
+        "--kv-dtype", choices=["auto", "bf16", "fp16", "fp8"], default="auto", help="attention KV cache dtype"
+    )
+    inv.add_argument(
+        "--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype (default: fp32 on the CPU, bf16 on a GPU)"
+    )
+    inv.add_argument("--max-context", type=int, default=16383, help="batchmates' lengths are uniform in [1, N]")
+    inv.add_argument("--seed", type=int, default=0)
+    inv.add_argument("--json", action="store_true", help="JSON lines, one per row")
+    inv.set_defaults(func=_invariance)
     return parser
 
 

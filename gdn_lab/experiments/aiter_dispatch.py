@@ -263,7 +263,7 @@ def _environment(cfg: DispatchConfig, arch: str) -> dict[str, Any]:
         "emulated_arch": arch,
         "num_cus": aiter_loader.effective_num_cus(cfg.device),
         "aiter_route": fp["aiter_route"],
-        "aiter_version": fp["aiter_version"],
+        "aiter_version": aiter_loader.probe().version,
     }
 
 

@@ -31,7 +31,7 @@ from gdn_lab.device import detect
 from gdn_lab.experiments.common import (
     Ran,
     fmt_list,
-    is_amd_library,
+    labeled,
     max_abs,
     run_backend,
     select_backends,
@@ -348,7 +348,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                 "reason": (errors.reason.iloc[0] if not errors.empty else uncovered.reason.iloc[0])
                 if verdict in ("error", "not covered")
                 else "",
-                "amd_hardware": None if not is_amd_library(backend) else bool((part.platform == "rocm").all()),
+                "label": labeled(str(backend), part.platform),
             }
         )
     return pd.DataFrame(out)
@@ -367,7 +367,7 @@ def headline(df: pd.DataFrame) -> str:
             f"{len(tested)} backend/op pairs bitwise invariant in all {int(tested.comparisons.sum())} comparisons"
         )
     else:
-        names = ", ".join(f"{r.backend} ({r.op}: {r.differ}/{r.comparisons})" for r in variant.itertuples())
+        names = ", ".join(f"{r.label} ({r.op}: {r.differ}/{r.comparisons})" for r in variant.itertuples())
         parts.append(f"batch-variant: {names}")
     parts.append(
         f"controls caught on {len(ops) - len(insensitive)}/{len(ops)} ops"
@@ -385,21 +385,20 @@ def conclusion(df: pd.DataFrame) -> str:
     lines = ["## Conclusion", ""]
     for op, part in s.groupby("op", sort=False):
         tested = part[~part.is_control]
-        inv = tested[tested.verdict == "invariant"].backend.tolist()
         var = tested[tested.verdict == "variant"]
         ctrl = part[part.is_control]
         lines.append(f"**{op}**")
-        lines.append(f"- bitwise invariant: {fmt_list(_marked(inv, s))}")
+        lines.append(f"- bitwise invariant: {fmt_list(tested[tested.verdict == 'invariant'].label)}")
         if not var.empty:
             lines.append(
                 "- batch-variant: "
                 + ", ".join(
-                    f"{_marked([r.backend], s)[0]} ({r.differ} of {r.comparisons} comparisons differ, up to {r.max_ulp} ulp)"
+                    f"{r.label} ({r.differ} of {r.comparisons} comparisons differ, up to {r.max_ulp} ulp)"
                     for r in var.itertuples()
                 )
             )
         for r in tested[tested.verdict.isin(["not covered", "error"])].itertuples():
-            lines.append(f"- {r.backend}: {r.verdict}: {r.reason}")
+            lines.append(f"- {r.label}: {r.verdict}: {r.reason}")
         if ctrl.empty or ctrl.comparisons.sum() == 0:
             lines.append("- **no batch-variant control ran: this run cannot show that it would see variance**")
         else:
@@ -408,9 +407,3 @@ def conclusion(df: pd.DataFrame) -> str:
                 lines.append(f"- control {r.backend}: {what} ({r.differ} of {r.comparisons} comparisons differ)")
         lines.append("")
     return "\n".join(lines)
-
-
-def _marked(backends: list[str], summary: pd.DataFrame) -> list[str]:
-    """Backend names, AMD libraries off ROCm marked as not yet run on AMD hardware."""
-    off_amd = set(summary[summary.amd_hardware.eq(False)].backend)
-    return [f"{b} (not yet run on AMD hardware)" if b in off_amd else b for b in backends]

@@ -133,6 +133,16 @@ def is_amd_library(backend: str) -> bool:
     return backend.startswith("aiter")
 
 
+def hardware_note(backend: str, platforms: Iterable[str]) -> str:
+    """' (not yet run on AMD hardware)' for an AMD-library backend unless every run was on ROCm."""
+    return " (not yet run on AMD hardware)" if is_amd_library(backend) and set(platforms) != {"rocm"} else ""
+
+
+def labeled(backend: str, platforms: Iterable[str]) -> str:
+    """The backend's name as conclusions print it (AMD-library results off ROCm marked)."""
+    return f"{backend}{hardware_note(backend, platforms)}"
+
+
 def fmt_list(items: Iterable[object]) -> str:
     items = list(items)
     return ", ".join(str(i) for i in items) if items else "none"

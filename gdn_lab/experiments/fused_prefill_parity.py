@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from gdn_lab.checks import dtype_name
 from gdn_lab.device import detect
-from gdn_lab.experiments.common import fmt_list, is_amd_library, max_abs, rel_mae, run_backend, select_backends
+from gdn_lab.experiments.common import fmt_list, labeled, max_abs, rel_mae, run_backend, select_backends
 from gdn_lab.experiments.compare import compare
 from gdn_lab.experiments.table import COLUMNS, base_row
 from gdn_lab.ops.gdn_layer.reference import FP8_GROUP
@@ -217,11 +217,7 @@ def conclusion(parity: pd.DataFrame, invariance: pd.DataFrame | None = None) -> 
     """Markdown conclusion computed from the tables."""
     lines = ["## Conclusion", ""]
     for backend, part in parity.groupby("backend", sort=False):
-        label = str(backend) + (
-            " (not yet run on AMD hardware)"
-            if is_amd_library(str(backend)) and not (part.platform == "rocm").all()
-            else ""
-        )
+        label = labeled(str(backend), part.platform)
         done = part[part.status == "compared"]
         if done.empty:
             lines.append(f"- **{label}**: {part.status.iloc[0]}: {part.reason.iloc[0]}")

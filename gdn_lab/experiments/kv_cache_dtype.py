@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from gdn_lab.checks import dtype_name
 from gdn_lab.device import detect, is_fp8
-from gdn_lab.experiments.common import fmt_list, is_amd_library, rms_ratio, run_backend, select_backends, target_tensors
+from gdn_lab.experiments.common import fmt_list, labeled, rms_ratio, run_backend, select_backends, target_tensors
 from gdn_lab.experiments.compare import compare
 from gdn_lab.experiments.partition_edges import exact_decode_attention
 from gdn_lab.experiments.table import COLUMNS, base_row
@@ -197,9 +197,7 @@ def conclusion(df: pd.DataFrame) -> str:
     lines = ["## Conclusion", ""]
     done = df[df.status == "compared"]
     for (arch, kv, backend), part in done.groupby(["arch", "kv_dtype", "backend"], sort=False):
-        label = str(backend)
-        if is_amd_library(label) and not (part.platform == "rocm").all():
-            label += " (not yet run on AMD hardware)"
+        label = labeled(str(backend), part.platform)
         growth = ", ".join(f"{int(r.target_len)}: {r.ref_rms_ratio:.2g}" for r in part.itertuples())
         differ = part[~part.bitwise_equal.astype(bool)].target_len.tolist()
         outside = part[~part.within_tolerance.astype(bool)].target_len.tolist()

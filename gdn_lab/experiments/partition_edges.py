@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from gdn_lab.checks import dtype_name
 from gdn_lab.device import detect
-from gdn_lab.experiments.common import fmt_list, is_amd_library, run_backend, select_backends, target_tensors
+from gdn_lab.experiments.common import fmt_list, labeled, run_backend, select_backends, target_tensors
 from gdn_lab.experiments.compare import compare, ulp_distance
 from gdn_lab.experiments.table import COLUMNS, base_row
 from gdn_lab.ops.attention.reference import PARTITION_SIZE, gather_request
@@ -223,9 +223,7 @@ def conclusion(df: pd.DataFrame) -> str:
     lines = ["## Conclusion", ""]
     for backend, part in df.groupby("backend", sort=False):
         done = part[part.status == "compared"]
-        label = backend
-        if is_amd_library(str(backend)) and not (part.platform == "rocm").all():
-            label += " (not yet run on AMD hardware)"
+        label = labeled(str(backend), part.platform)
         if done.empty:
             lines.append(f"- **{label}**: not run: {part.reason.iloc[0]}")
             continue

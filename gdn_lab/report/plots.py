@@ -1,0 +1,123 @@
+"""Seaborn plots of the experiment tables (each returns the matplotlib Figure it drew).
+
+In a notebook, end the call with `;`: the inline backend shows the figure once.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+
+def _styled(plot: Callable[..., Figure]) -> Callable[..., Figure]:
+    """Draw in seaborn's whitegrid style without changing the caller's global style."""
+
+    @functools.wraps(plot)
+    def wrapper(*args, **kwargs) -> Figure:
+        with sns.axes_style("whitegrid"), sns.plotting_context("notebook"):
+            return plot(*args, **kwargs)
+
+    return wrapper
+
+
+def _empty(title: str, message: str) -> Figure:
+    fig, ax = plt.subplots(figsize=(6, 1.5))
+    ax.axis("off")
+    ax.set_title(title)
+    ax.text(0.5, 0.4, message, ha="center", va="center")
+    return fig
+
+
+@_styled
+def mismatch_heatmap(df: pd.DataFrame, title: str = "Comparisons that changed bits") -> Figure:
+    """Differing comparisons per (op, backend) row and (target length x batch size) column.
+
+    Cells count the compared tensors whose bits changed in a batch (0 = invariant); not-covered
+    cells are blank. Controls are marked "(control)".
+    """
+    done = df[df.status == "compared"].copy()
+    if done.empty:
+        return _empty(title, "nothing ran")
+    done["differs"] = (~done.bitwise_equal.astype(bool)).astype(int)
+    done["row"] = done.op + " · " + done.backend + done.is_control.map({True: " (control)", False: ""})
+    done["case"] = done.target_len.astype(int).astype(str) + "×" + done.batch_size.astype(int).astype(str)
+    order = done.drop_duplicates("case").sort_values(["target_len", "batch_size"]).case.tolist()
+    grid = done.pivot_table(index="row", columns="case", values="differs", aggfunc="sum", sort=False)[order]
+    height = 1.2 + 0.35 * len(grid)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(order) + 4), height))
+    sns.heatmap(grid, annot=True, fmt=".0f", cmap="Reds", vmin=0, cbar=False, linewidths=0.5, ax=ax)
+    ax.set_xlabel("target length × batch size")
+    ax.set_ylabel("")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def ulp_histogram(long: pd.DataFrame, title: str = "Distance to the exact softmax (output ulps)") -> Figure:
+    """Bars of the fraction of output elements at 0, 1, 2 and > 2 ulps, per backend.
+
+    Args:
+        long: `gdn_lab.experiments.partition_edges.ulp_histogram(table)`.
+    """
+    if long.empty:
+        return _empty(title, "nothing ran")
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    sns.barplot(data=long, x="ulp", y="fraction", hue="backend", ax=ax)
+    ax.set_title(title)
+    ax.set_ylabel("fraction of elements")
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def error_vs_context(
+    df: pd.DataFrame,
+    y: str,
+    hue: str = "backend",
+    style: str | None = None,
+    col: str | None = None,
+    title: str = "",
+    logy: bool = True,
+) -> Figure:
+    """A line per `hue` (and `style`) of `y` against the context length (log x), one panel per `col`."""
+    done = df[(df.status == "compared") & df[y].notna()].copy()
+    if done.empty:
+        return _empty(title or y, "nothing ran")
+    done[y] = done[y].astype(float)
+    if logy:
+        # a zero error has no place on a log axis: show it at the smallest positive value / 2
+        positive = done.loc[done[y] > 0, y]
+        floor = positive.min() / 2 if not positive.empty else 1e-12
+        done[y] = done[y].clip(lower=floor)
+    grid = sns.relplot(
+        data=done, x="target_len", y=y, hue=hue, style=style, col=col, kind="line", marker="o",
+        height=3.5, aspect=1.3, facet_kws={"sharey": True},
+    )  # fmt: skip
+    grid.set(xscale="log", yscale="log" if logy else "linear")
+    grid.set_axis_labels("context length (tokens)", y)
+    if title:
+        grid.figure.suptitle(title, y=1.02)
+    return grid.figure
+
+
+@_styled
+def parity_bars(df: pd.DataFrame, title: str = "Fused vs unfused chain (relative mean abs error)") -> Figure:
+    """Worst rel_mae per tensor and backend (log y); bitwise-equal tensors show at the floor."""
+    done = df[df.status == "compared"].copy()
+    if done.empty:
+        return _empty(title, "nothing ran")
+    worst = done.groupby(["backend", "tensor"], as_index=False, sort=False).rel_mae.max()
+    positive = worst.rel_mae[worst.rel_mae > 0]
+    worst["rel_mae"] = worst.rel_mae.clip(lower=(positive.min() / 10) if not positive.empty else 1e-12)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    sns.barplot(data=worst, x="tensor", y="rel_mae", hue="backend", ax=ax)
+    ax.set_yscale("log")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
