@@ -7,7 +7,7 @@ fingerprint (`aiter_route`):
 
 - "official": on ROCm, `import aiter` as AITER documents it (a current aiter built from source);
 - "AITER_TRITON_ONLY": off ROCm, when the installed aiter's init honours `AITER_TRITON_ONLY=1`
-  (it then skips the C++ ops), `import aiter` with that variable set for the import only;
+  (it then skips the C++ ops), `import aiter` with that variable set while aiter modules import;
 - "init-bypass": off ROCm otherwise (amd-aiter 0.1.7 has no AITER_TRITON_ONLY): an empty package
   module named `aiter`, whose `__path__` is the installed folder, stands in for the init while the
   submodules import. `unload()` removes it and every module the loads added.
@@ -253,7 +253,9 @@ def effective_num_cus(device: torch.device | str | None = None) -> int:
 
 
 def fingerprint_fields(device: torch.device | str | None = None) -> dict[str, object]:
-    """The aiter keys of the environment fingerprint: version, route, emulated arch and CU count."""
+    """The aiter keys of the environment fingerprint (the version is `package_versions()["aiter"]`):
+    the route, why it differs from the probe's if it does, the arch AITER dispatches for and the CU
+    count it sees (None when aiter is not installed)."""
     p = probe()
     loaded = _STATE.loaded
     try:
@@ -261,7 +263,6 @@ def fingerprint_fields(device: torch.device | str | None = None) -> dict[str, ob
     except Exception:  # the fingerprint must never fail
         arch, cus = None, None
     return {
-        "aiter_version": p.version,
         "aiter_route": loaded.route if loaded else p.route,
         "aiter_route_note": loaded.note if loaded else "",
         "aiter_arch": arch if p.installed else None,
@@ -418,7 +419,8 @@ def load(kernel: str, arch: str | None = None) -> ModuleType:
     before = set(sys.modules)
     try:
         # No CU answer while importing: a module that imports get_num_sms by name would keep it.
-        with shims(arch):
+        triton_only = _env("AITER_TRITON_ONLY", "1") if loaded.route == ROUTE_TRITON_ONLY else contextlib.nullcontext()
+        with triton_only, shims(arch):
             module = importlib.import_module(KERNEL_MODULES[kernel])
     except Exception as exc:
         _forget(_new_modules(before))
@@ -483,15 +485,18 @@ def _stub_driver(arch: str) -> Any:
     return _EmulatedTarget()
 
 
+def _aiter_modules() -> list[ModuleType]:
+    """The loaded aiter submodules."""
+    return [m for n, m in list(sys.modules.items()) if n.startswith("aiter.") and isinstance(m, ModuleType)]
+
+
 def _launch_targets() -> list[Any]:
     """AITER's kernel objects in the loaded aiter modules (the innermost JIT/interpreted functions,
     which receive the launch options; autotuner and heuristics wrappers pass them down)."""
     from triton.runtime.jit import KernelInterface
 
     found: dict[int, Any] = {}
-    for name, module in list(sys.modules.items()):
-        if not (name.startswith("aiter.") and isinstance(module, ModuleType)):
-            continue
+    for module in _aiter_modules():
         for obj in list(vars(module).values()):
             inner = obj
             while isinstance(getattr(inner, "fn", None), KernelInterface):
@@ -511,6 +516,22 @@ def _dropping_amd_options(run: Any) -> Any:
         return run(*args, **kwargs)
 
     return launch
+
+
+def _genuine(fn: Any) -> Any:
+    """AITER's own function behind a shim's answer (itself if it is not an answer)."""
+    return getattr(fn, "__gdn_lab_genuine__", fn)
+
+
+def _answering(genuine: Any, value: int) -> Any:
+    """A stand-in for AITER's `get_num_sms` that answers `value` (and remembers what it replaces,
+    so nested blocks and modules that imported the function by name are found again)."""
+
+    def get_num_sms() -> int:
+        return value
+
+    get_num_sms.__gdn_lab_genuine__ = genuine  # type: ignore[attr-defined]
+    return get_num_sms
 
 
 @contextlib.contextmanager
@@ -566,13 +587,13 @@ def shims(arch: str, num_cus: int | None = None, *, need_package: bool = True) -
         if need_package or "aiter" in sys.modules:
             arch_info = importlib.import_module(_ARCH_INFO)
             device_info = importlib.import_module(_DEVICE_INFO)
-            original_sms = device_info.__dict__.get("get_num_sms")
             stack.enter_context(_patched(arch_info, "get_arch", lambda: arch))
-            if num_cus is not None and original_sms is not None:
-                for name, module in list(sys.modules.items()):
-                    imported = name.startswith("aiter.") and isinstance(module, ModuleType)
-                    if imported and vars(module).get("get_num_sms") is original_sms:
-                        stack.enter_context(_patched(module, "get_num_sms", lambda: num_cus))
+            genuine = _genuine(vars(device_info).get("get_num_sms"))
+            if num_cus is not None and genuine is not None:
+                answer = _answering(genuine, num_cus)
+                for module in _aiter_modules():
+                    if _genuine(vars(module).get("get_num_sms")) is genuine:
+                        stack.enter_context(_patched(module, "get_num_sms", answer))
             for kernel in _launch_targets():
                 stack.enter_context(_patched(kernel, "run", _dropping_amd_options(kernel.run), instance=True))
         yield

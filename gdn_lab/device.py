@@ -167,7 +167,8 @@ def fingerprint(device: torch.device | str | None = None) -> dict[str, object]:
     """The environment fingerprint every result table carries, so runs from two machines join.
 
     Returns a flat dict: package versions, the device's platform, name, arch and SM/CU count,
-    the torch CUDA/HIP version, and whether Triton runs in its interpreter.
+    the torch CUDA/HIP version, whether Triton runs in its interpreter, and how AITER's Triton
+    kernels load here (aiter_route, aiter_arch and aiter_num_cus: `gdn_lab.aiter_loader`).
     """
     info = detect(device)
     fp: dict[str, object] = dict(package_versions())
@@ -179,4 +180,7 @@ def fingerprint(device: torch.device | str | None = None) -> dict[str, object]:
     fp["triton_interpret"] = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     fp["os"] = f"{_platform.system()} {_platform.release()}"
     fp["executable"] = sys.executable
+    from gdn_lab.aiter_loader import fingerprint_fields  # aiter's route and emulated arch; imports no aiter
+
+    fp.update(fingerprint_fields(device))
     return fp

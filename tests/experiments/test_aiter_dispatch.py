@@ -1,0 +1,77 @@
+"""Predicted vs measured batch variance of AITER's Triton kernels, on the CPU smoke scale.
+
+The smoke case is built so that each rule must predict both outcomes: a 1100-token target switches
+pa_decode from V2 (alone, 2 requests) to V1 (17 requests x 32 heads > 512 rows) and unified_attention
+from 3D (alone) to 2D (one CU: 4 target programs); a 20-token target keeps its bits everywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdn_lab import aiter_loader
+from gdn_lab.experiments.aiter_dispatch import (
+    OUTCOMES,
+    aiter_dispatch,
+    conclusion,
+    headline,
+    invariance_map,
+    make_config,
+    outcome,
+    prediction_map,
+    summarize,
+)
+from gdn_lab.experiments.table import COLUMNS
+
+SMOKE = dict(
+    targets=[20, 1100],
+    batch_sizes=[2, 17],
+    num_cus=1,
+    attention={"num_q_heads": 32, "num_kv_heads": 2, "head_dim": 16},
+    min_context=1,
+    max_context=64,
+    progress=False,
+)
+
+
+def test_outcomes():
+    assert [outcome(p, m) for p, m in [(True, True), (False, False), (False, True), (True, False)]] == list(OUTCOMES)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="backends"):
+        make_config(backends=["aiter-triton-nope"])
+    with pytest.raises(ValueError, match="arch"):
+        make_config(arch="gfx90a")
+    with pytest.raises(ValueError, match="max_context"):
+        make_config(min_context=10, max_context=5)
+    assert make_config(attention={"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16}).attention.page_size == 16
+
+
+@pytest.mark.skipif(not aiter_loader.probe().installed, reason="amd-aiter is not installed")
+def test_smoke_run_meets_every_prediction(device):
+    df = aiter_dispatch(device=device, **SMOKE)
+    assert list(df.columns[: len(COLUMNS)]) == COLUMNS and "predicted_variant" in df.columns
+    decode = df[df.op == "decode_attention"]
+    assert len(decode) == 2 * 2 * 2 and decode.covered.all() and (decode.status == "compared").all()
+    assert set(decode.prediction) == set(OUTCOMES[:2])  # both outcomes occur, and no miss
+    assert decode.within_tolerance.all()
+    assert (df.emulated_arch == aiter_loader.effective_arch(device)).all() and (df.arch == df.emulated_arch).all()
+    assert (df.num_cus == 1).all() and (df.aiter_route == aiter_loader.probe().route).all()
+    switched = decode[decode.prediction == "switch observed"]
+    assert set(switched.target_len) == {1100} and (switched.n_diff > 0).all()
+    pa = decode[(decode.backend == "aiter-triton-pa") & (decode.target_len == 1100)]
+    assert pa.set_index("batch_size").predicted_variant.to_dict() == {2: "v2", 17: "v1"}
+    mha = df[df.backend == "aiter-triton-mha"]
+    ok, reason = aiter_loader.kernel_available("mha", device)
+    assert mha.covered.all() if ok else (~mha.covered.astype(bool)).all() and (mha.reason.str.contains("aiter")).all()
+
+    s = summarize(df).set_index("backend")
+    assert s.loc["aiter-triton-pa", "rule_holds"] and s.loc["aiter-triton-unified", "switch_observed"] == 2
+    assert "rule holds" in headline(df) and "RULE MISSES" not in headline(df)
+    text = conclusion(df)
+    assert "aiter-triton-pa" in text and ("not yet run on AMD hardware" in text) == (not torch.version.hip)
+    imap = invariance_map(df, "aiter-triton-pa")
+    assert imap.loc[20].tolist() == [1.0, 1.0] and imap.loc[1100].tolist() == [1.0, 0.0]
+    assert prediction_map(df, "aiter-triton-unified").loc[1100, 2] == "2d"
