@@ -37,6 +37,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -236,6 +237,15 @@ class Bench:
         self.rows.append(r)
         return r
 
+    def guarded(self, label: str, fn: Callable[[], object], **fields) -> object | None:
+        """fn(), or None after recording an `error` row: one failing case must not lose the run."""
+        try:
+            return fn()
+        except Exception as exc:  # reported in the CSV and on stderr, then the run goes on
+            traceback.print_exc()
+            self.row(kind="error", impl=label, note=f"{type(exc).__name__}: {exc}"[:500], **fields)
+            return None
+
     def config(self, head_k_dim: int, overrides: dict) -> dict:
         """The kernel config a call runs with: the defaults, then `overrides`."""
         cfg = {"block_v": self.td.DEFAULT_BLOCK_V, "num_warps": self.td.DEFAULT_NUM_WARPS}
@@ -265,18 +275,22 @@ class Bench:
                 kw = fla_inputs(case, gate)
                 fla[name] = lambda kw=kw: self.fla(**kw)
 
-        check = self.correctness(case, hk, hv, B)
         base = {"HK": hk, "HV": hv, "K": d, "V": d, "B": B, "dtype": "bfloat16", "state_bytes": state_bytes}
+        check = self.guarded("correctness", lambda: self.correctness(case, hk, hv, B), **base) or {}
         base["fits_l2"] = state_bytes // 2 <= L2_BYTES
         modes = [("eager", lambda fn: time_eager(fn, self.device, self.args.smoke))]
         if self.graphs:
             modes.append(("graph", lambda fn: time_graph(fn, self.device)))
         for mode, timer in modes:
-            times = {name: timer(fn) for name, fn in fla.items()}
+            times = {
+                name: self.guarded(name, lambda fn=fn, timer=timer: timer(fn), mode=mode, **base)
+                for name, fn in fla.items()
+            }
             for name, fn in ours.items():
                 if mode == "graph" and name == "triton-public":
                     continue  # a graph replays the same kernel: the public path's host cost is gone
-                times[name] = timer(fn)
+                times[name] = self.guarded(name, lambda fn=fn, timer=timer: timer(fn), mode=mode, **base)
+            times = {name: us for name, us in times.items() if us is not None}
             for name, us in times.items():
                 r = self.row(kind="timing", impl=name, mode=mode, us=us, **base)
                 r["tb_s"] = state_bytes / us / 1e6
@@ -339,7 +353,12 @@ class Bench:
             from gdn_lab.ops.gated_delta_rule.fla import gdn_decode_fla
 
             impls["fla"] = lambda a: gdn_decode_fla(**a)
-        alone = {name: self._run_target(fn, target, None) for name, fn in impls.items()}
+        fields = {"HK": hk, "HV": hv, "K": d, "V": d}
+        alone = {
+            name: self.guarded(name, lambda fn=fn: self._run_target(fn, target, None), B=1, **fields)
+            for name, fn in impls.items()
+        }
+        impls = {name: fn for name, fn in impls.items() if alone[name] is not None}
         for B in batches:
             batch = make_case(B, hk, hv, d, self.device, seed=B)
             pos = B // 2
@@ -349,7 +368,12 @@ class Bench:
             batch["state"] = torch.cat([batch["state"], target["state"]])
             batch["slots"][pos] = B  # the target's slot: the pool's last
             for name, fn in impls.items():
-                o, s = self._run_target(fn, batch, pos)
+                res = self.guarded(
+                    name, lambda fn=fn, batch=batch, pos=pos: self._run_target(fn, batch, pos), B=B, **fields
+                )
+                if res is None:
+                    continue
+                o, s = res
                 cmp_o, cmp_s = compare(alone[name][0], o), compare(alone[name][1], s)
                 ks = self.td.control_k_split(B, hk, hv, d, d, torch.bfloat16)[0] if name.endswith("by-batch") else None
                 self.row(
@@ -390,10 +414,14 @@ class Bench:
         ref = self.td.gdn_decode_triton(**ref_args)
         bk = 1 << (d - 1).bit_length()
         variants = [{"k_split": ks} for ks in (1, 2, 4, 16, 32) if ks <= bk]
-        variants += [{"block_v": 16, "num_warps": 2}, {"block_v": 8, "num_warps": 1}, {"block_v": 64, "num_warps": 8}]
+        variants += [{"block_v": 16, "num_warps": 2}, {"block_v": 32, "num_warps": 4}, {"block_v": 64, "num_warps": 8}]
         for cfg in variants:
             args = self.validated(case)
-            out = self.td.gdn_decode_triton(**args, **cfg)
+            out = self.guarded(
+                f"variance {cfg}", lambda cfg=cfg, args=args: self.td.gdn_decode_triton(**args, **cfg), B=B
+            )
+            if out is None:
+                continue
             c_o, c_s = compare(ref, out), compare(ref_args["state"], args["state"])
             full = self.config(d, cfg)
             self.row(
@@ -415,14 +443,22 @@ class Bench:
     def sweep_rows(self, hk: int, hv: int, batches: list[int]) -> None:
         """Graph-mode time of other configs (the default stays fixed; this says what it costs)."""
         d = self.args.head_dim
-        configs = [{"block_v": bv, "num_warps": nw} for bv in (8, 16, 32, 64) for nw in (1, 2, 4, 8)]
+        configs = [{"block_v": bv, "num_warps": nw} for bv in (4, 8, 16, 32, 64) for nw in (1, 2, 4, 8)]
         configs += [{"k_split": ks} for ks in (1, 2, 4, 16, 32)]
         for B in batches:
             case = make_case(B, hk, hv, d, self.device, self.args.seed)
             state_bytes = 2 * B * hv * d * d * 4
             for cfg in configs:
                 args = self.validated(case)
-                us = time_graph(lambda args=args, cfg=cfg: self.td.gdn_decode_triton(**args, **cfg), self.device)
+                us = self.guarded(
+                    f"sweep {cfg}",
+                    lambda args=args, cfg=cfg: time_graph(
+                        lambda: self.td.gdn_decode_triton(**args, **cfg), self.device
+                    ),
+                    B=B,
+                )
+                if us is None:
+                    continue
                 full = self.config(d, cfg)
                 tb = state_bytes / us / 1e6
                 self.row(kind="sweep", impl="triton-wrapper", mode="graph", HK=hk, HV=hv, K=d, V=d, B=B, us=us,
@@ -485,12 +521,15 @@ def main(argv: list[str] | None = None) -> int:
         bench.sweep_rows(*first, [1, 64, 256, 1024])
     path = bench.write(Path(args.out))
     met = [r for r in bench.rows if r["target_met"] is not None]
-    print(f"\nwrote {len(bench.rows)} rows to {path} in {time.time() - t0:.0f} s")
+    errors = [r for r in bench.rows if r["kind"] == "error"]
+    print(f"\nwrote {len(bench.rows)} rows to {path} in {time.time() - t0:.0f} s; {len(errors)} errors")
     for r in met:
         print(
             f"target {r['target']:28s} HK/HV {r['HK']}/{r['HV']} B={r['B']:5d} {r['impl']:15s} x{r['ratio_vs_fla']:.2f} met={r['target_met']}"
         )
-    return 0
+    for r in errors:
+        print(f"error {r['impl']} B={r['B']}: {r['note']}")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

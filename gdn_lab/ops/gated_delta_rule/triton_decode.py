@@ -23,12 +23,15 @@ import triton.language as tl
 
 from gdn_lab.rules import flydsl_gdr_decode
 
-# The fixed config. k_split 8 mirrors FlyDSL's untuned default (WARP_THREADS_K = 8); block_v and
-# num_warps only tile V, and stay fixed so that the layout of every K reduction is the same for
-# every batch.
+# The fixed config. k_split 8 mirrors FlyDSL's untuned default (WARP_THREADS_K = 8). block_v and
+# num_warps only tile V, but stay fixed so that the register layout of every K reduction is the
+# same for every batch. One warp over an [8, K] tile (like fla's decode) keeps each reduction inside
+# the warp (no barriers), needs 64 registers at K = 128, so 32 programs fit on an SM, and each
+# warp-wide load is one contiguous 512-byte row of the VK state (sm_90 AOT compile: 16-byte
+# vector loads and stores, no spills). benchmarks/bench_gdn_decode.py sweeps the alternatives.
 DEFAULT_K_SPLIT = 8
-DEFAULT_BLOCK_V = 32
-DEFAULT_NUM_WARPS = 4
+DEFAULT_BLOCK_V = 8
+DEFAULT_NUM_WARPS = 1
 L2NORM_EPS = 1e-6
 SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus's default, as FlyDSL and fla use
 
@@ -104,6 +107,12 @@ def _gdn_decode_kernel(
     tl.store(o + i_b * (HV * V) + i_hv * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
 
 
+def _next_pow2(n: int) -> int:
+    # Plain Python: triton.next_power_of_2 is a constexpr function whose host call costs ~10 us in
+    # Triton 3.9, a visible share of an eager decode step.
+    return 1 << (n - 1).bit_length()
+
+
 def _check_power_of_two(name: str, value: object, high: int, why: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1 or value > high or value & (value - 1):
         raise ValueError(f"{name}: expected a power of two in [1, {high}] ({why}), got {value!r}")
@@ -111,7 +120,7 @@ def _check_power_of_two(name: str, value: object, high: int, why: str) -> None:
 
 def default_k_split(head_k_dim: int) -> int:
     """The fixed k_split for a head size: DEFAULT_K_SPLIT, or the padded K when K is smaller."""
-    return min(DEFAULT_K_SPLIT, triton.next_power_of_2(head_k_dim))
+    return min(DEFAULT_K_SPLIT, _next_pow2(head_k_dim))
 
 
 def gdn_decode_triton(
@@ -158,22 +167,20 @@ def gdn_decode_triton(
     """
     B, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    BK = triton.next_power_of_2(K)
+    BK = _next_pow2(K)
     if k_split is None:
-        k_split = min(DEFAULT_K_SPLIT, BK)
+        k_split = default_k_split(K)
     else:
         _check_power_of_two("k_split", k_split, BK, f"K={K} is padded to {BK}")
-    if block_v != DEFAULT_BLOCK_V:
-        _check_power_of_two("block_v", block_v, 1024, "V rows per program")
-    if num_warps != DEFAULT_NUM_WARPS:
-        _check_power_of_two("num_warps", num_warps, 32, "warps per program")
+    _check_power_of_two("block_v", block_v, 1024, "V rows per program")
+    _check_power_of_two("num_warps", num_warps, 32, "warps per program")
     if not state.is_contiguous():
         raise ValueError("state: must be contiguous (it is updated in place); got a strided view")
-    BV = min(block_v, triton.next_power_of_2(V))
+    BV = min(block_v, _next_pow2(V))
     out = torch.empty((B, HV, V), dtype=q.dtype, device=q.device)
     if B == 0:
         return out
-    _gdn_decode_kernel[(B * HV * triton.cdiv(V, BV),)](
+    _gdn_decode_kernel[(B * HV * -(-V // BV),)](
         q=q.contiguous(),
         k=k.contiguous(),
         v=v.contiguous(),
@@ -218,7 +225,7 @@ def control_k_split(
     pred = flydsl_gdr_decode.control_prediction(
         arch, batch_size, num_k_heads, num_v_heads, head_k_dim, head_v_dim, dtype, torch.float32
     )
-    return min(pred.wtk, triton.next_power_of_2(head_k_dim)), pred
+    return min(pred.wtk, _next_pow2(head_k_dim)), pred
 
 
 def gdn_decode_triton_ksplit_by_batch(
