@@ -1,0 +1,476 @@
+"""Benchmark decode_attention's batch-invariant Triton kernel against torch SDPA and its control.
+
+Paged decode (one query token per request) over uniform batches: B in 1, 8, 64, 256 requests of
+ctx in 1k, 4k, 16k, 64k tokens, Hq/Hkv/D in 32/8/128 and 16/2/256, a bf16 or an fp8 (e4m3) KV
+cache for our kernels, page sizes 16 and 1. Timed implementations:
+
+- `sdpa`: torch.nn.functional.scaled_dot_product_attention on the dense bf16 cache, q [B, Hq, 1, D]
+  and K/V [B, Hkv, ctx, D] with enable_gqa (the upper bound: no page table). The dense K/V are a
+  view of the same memory as the paged cache (pages in order), in flash attention's native
+  [B, ctx, Hkv, D] layout. The first backend of flash, cuDNN, efficient that accepts the call
+  runs (`sdpa_backend`); the math backend is never used.
+- `triton`: `decode_attention_triton` (fixed 256-token partitions; the grid bound passed in, so
+  no host synchronisation).
+- `control`: `decode_attention_splitk_by_batch` (splits from the batch, FA2's heuristic).
+
+Each call is captured in a CUDA graph and its replays are timed with CUDA events, so the numbers
+are GPU time, free of Python launch overhead. Bandwidth counts the bytes a call must move: the KV
+read (K and V, in the cache's dtype) plus q read and out written; `roofline_frac` divides it by
+the H200's 4.26 TB/s copy roofline (measured_h200.md). `ratio_vs_sdpa` = sdpa_us / us (throughput
+relative to SDPA, > 1 is faster), `ratio_vs_control` = control_us / us. `splits` is the number of
+256-token partitions per request (triton) or the batch's split count (control).
+
+Targets (the issue): at B >= 8 and ctx >= 4k, our bf16 kernel reaches >= 85 % of SDPA's
+throughput; our kernel is never more than 10 % slower than the control (`meets_*` columns).
+Cases whose cache would exceed --max-gb are rows with status `skipped` and the reason.
+
+Beside the timings the CSV has `invariance` rows: a 4000-token target alone vs among 63
+batchmates of 1..8000 tokens (shuffled pages), for `triton` (must be bitwise equal) and the
+control (expected to differ), per shape, page size and KV dtype. `--sweep` adds a configuration
+sweep of the partition kernel at B=64, ctx=4k (for tuning its fixed per-(D, dtype) table).
+Every row carries the environment fingerprint (`env_*`). Run from the repository root:
+
+    python3 benchmarks/bench_decode_attention.py --out OUT_DIR            # the H200 run
+    python3 benchmarks/bench_decode_attention.py --out OUT_DIR --sweep    # plus the config sweep
+    python3 benchmarks/bench_decode_attention.py --out OUT_DIR --smoke    # tiny, CPU interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOFLINE_TBPS = 4.26  # H200 device-to-device copy, bytes read + written (measured_h200.md)
+SDPA_TARGET = 0.85  # >= 85 % of SDPA's throughput at B >= 8, ctx >= 4k (bf16)
+CONTROL_TARGET = 1 / 1.1  # never more than 10 % slower than the control
+CSV_NAME = "bench_decode_attention.csv"
+COLUMNS = [
+    "kind",
+    "impl",
+    "status",
+    "Hq",
+    "Hkv",
+    "D",
+    "B",
+    "ctx",
+    "kv_dtype",
+    "page_size",
+    "config",
+    "splits",
+    "sdpa_backend",
+    "us",
+    "bytes",
+    "tb_s",
+    "roofline_frac",
+    "ratio_vs_sdpa",
+    "ratio_vs_control",
+    "meets_sdpa_target",
+    "meets_control_target",
+    "max_abs_vs_sdpa",
+    "target_len",
+    "bitwise_equal",
+    "n_diff",
+    "max_abs",
+    "max_ulp",
+    "note",
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="directory for bench_decode_attention.csv")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), seconds")
+    p.add_argument("--batches", default=None, help="batch sizes, e.g. 1,8,64,256")
+    p.add_argument("--contexts", default=None, help="context lengths, e.g. 1024,4096,16384,65536")
+    p.add_argument("--shapes", default=None, help="Hq/Hkv/D list, e.g. 32/8/128,16/2/256")
+    p.add_argument("--kv-dtypes", default="bf16,fp8", help="KV cache dtypes of our kernels: bf16, fp8")
+    p.add_argument("--page-sizes", default="16,1", help="page sizes of our kernels")
+    p.add_argument("--max-gb", type=float, default=40.0, help="skip cases whose caches exceed this many GB")
+    p.add_argument("--rep-ms", type=float, default=25.0, help="replay time budget per measurement (ms)")
+    p.add_argument("--sweep", action="store_true", help="also sweep the partition kernel's configuration")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    a.batches = [int(x) for x in (a.batches or ("2" if a.smoke else "1,8,64,256")).split(",")]
+    a.contexts = [int(x) for x in (a.contexts or ("320" if a.smoke else "1024,4096,16384,65536")).split(",")]
+    a.shapes = [
+        tuple(int(x) for x in s.split("/"))
+        for s in (a.shapes or ("4/2/64" if a.smoke else "32/8/128,16/2/256")).split(",")
+    ]
+    a.kv_dtypes = a.kv_dtypes.split(",")
+    a.page_sizes = [int(x) for x in a.page_sizes.split(",")]
+    return a
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+
+def time_call(fn: Callable[[], torch.Tensor], device: torch.device, rep_ms: float) -> tuple[float, torch.Tensor]:
+    """(microseconds per call, an output): CUDA-graph replays timed with CUDA events on the GPU,
+    one call's wall time on the CPU (the interpreter: only a smoke check)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        out = fn()
+        return (time.perf_counter() - t0) * 1e6, out
+    out = fn()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize(device)
+    reps = int(max(5, min(2000, rep_ms * 1e3 / max(start.elapsed_time(end) * 1e3, 1.0))))
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize(device)
+    us = start.elapsed_time(end) * 1e3 / reps
+    del graph
+    return us, out
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+
+class Case:
+    """A uniform batch: B requests of ctx tokens in one token-major cache, viewable three ways.
+
+    `k`/`v` are [B * ctx, Hkv, D]; page size ps views them as [B * ctx / ps, ps, Hkv, D] with
+    pages in order, and SDPA sees [B, Hkv, ctx, D] (a transposed view of the same memory).
+    """
+
+    def __init__(self, B: int, ctx: int, hq: int, hkv: int, d: int, device: torch.device, seed: int):
+        g = torch.Generator(device=device).manual_seed(seed)
+        self.B, self.ctx, self.hq, self.hkv, self.d, self.device = B, ctx, hq, hkv, d, device
+        self.q = torch.randn(B, hq, d, device=device, generator=g, dtype=torch.bfloat16)
+        self.k = torch.randn(B * ctx, hkv, d, device=device, generator=g, dtype=torch.bfloat16)
+        self.v = torch.randn(B * ctx, hkv, d, device=device, generator=g, dtype=torch.bfloat16)
+        self.scale = d**-0.5
+        self.seq_lens = torch.full((B,), ctx, dtype=torch.int32, device=device)
+
+    def paged(self, page_size: int, k: torch.Tensor, v: torch.Tensor, k_scale=None, v_scale=None) -> dict:
+        """The decode_attention arguments over `k`/`v` ([B * ctx, Hkv, D]) with pages in order."""
+        pages = self.B * self.ctx // page_size
+        per_req = self.ctx // page_size
+        shape = (pages, page_size, self.hkv, self.d)
+        return {
+            "q": self.q,
+            "k_cache": k.view(shape),
+            "v_cache": v.view(shape),
+            "kv_indptr": (torch.arange(self.B + 1, device=self.device) * per_req).to(torch.int32),
+            "kv_indices": torch.arange(pages, dtype=torch.int32, device=self.device),
+            "seq_lens": self.seq_lens,
+            "page_size": page_size,
+            "scale": self.scale,
+            "k_scale": k_scale,
+            "v_scale": v_scale,
+        }
+
+    def sdpa(self, backend) -> Callable[[], torch.Tensor]:
+        from torch.nn.attention import sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention
+
+        q4 = self.q[:, :, None, :]
+        k4 = self.k.view(self.B, self.ctx, self.hkv, self.d).transpose(1, 2)
+        v4 = self.v.view(self.B, self.ctx, self.hkv, self.d).transpose(1, 2)
+
+        def call() -> torch.Tensor:
+            with sdpa_kernel([backend]):
+                return scaled_dot_product_attention(q4, k4, v4, scale=self.scale, enable_gqa=True)[:, :, 0]
+
+        return call
+
+    def kv_bytes(self, elem: int) -> int:
+        return 2 * self.B * self.ctx * self.hkv * self.d * elem
+
+    def qo_bytes(self) -> int:
+        return 2 * self.B * self.hq * self.d * 2
+
+
+def sdpa_backends(device: torch.device) -> list:
+    from torch.nn.attention import SDPBackend
+
+    if device.type != "cuda":
+        return [SDPBackend.MATH]
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        from gdn_lab.device import detect, fingerprint
+
+        self.args = args
+        self.device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+        self.fp = fingerprint(self.device)
+        self.fp8 = detect(self.device).fp8_dtype
+        self.rows: list[dict] = []
+
+    def row(self, **fields) -> dict:
+        r = dict.fromkeys(COLUMNS, "")
+        r.update(fields)
+        r.update({f"env_{k}": v for k, v in self.fp.items()})
+        self.rows.append(r)
+        return r
+
+    def kernels(self):
+        from gdn_lab.ops.attention import triton_decode
+
+        return triton_decode
+
+    def mem_gb(self, B: int, ctx: int, hq: int, hkv: int, d: int) -> float:
+        """Peak cache memory of a case: the bf16 K/V, their fp8 copy, and the float32 workspace."""
+        kv = 2 * B * ctx * hkv * d * 2
+        fp8 = kv // 2 if "fp8" in self.args.kv_dtypes else 0
+        ws = B * hq * -(-ctx // 256) * (d + 2) * 4
+        return (kv + fp8 + ws) / 1e9
+
+    def timing(self, hq: int, hkv: int, d: int, B: int, ctx: int) -> None:
+        base = {"kind": "timing", "Hq": hq, "Hkv": hkv, "D": d, "B": B, "ctx": ctx}
+        gb = self.mem_gb(B, ctx, hq, hkv, d)
+        if gb > self.args.max_gb:
+            note = f"caches need {gb:.1f} GB > --max-gb {self.args.max_gb:g}"
+            self.row(impl="sdpa", status="skipped", kv_dtype="bf16", note=note, **base)
+            for kv, ps, impl in itertools.product(self.args.kv_dtypes, self.args.page_sizes, ("triton", "control")):
+                self.row(impl=impl, status="skipped", kv_dtype=kv, page_size=ps, note=note, **base)
+            return
+        case = Case(B, ctx, hq, hkv, d, self.device, self.args.seed)
+        sdpa_us, sdpa_out = self.time_sdpa(case, base)
+        for kv in self.args.kv_dtypes:
+            if kv == "fp8":
+                one = torch.ones(1, dtype=torch.float32, device=self.device)
+                k, v, ks, vs, elem = case.k.to(self.fp8), case.v.to(self.fp8), one, one, 1
+            else:
+                k, v, ks, vs, elem = case.k, case.v, None, None, 2
+            nbytes = case.kv_bytes(elem) + case.qo_bytes()
+            for ps in self.args.page_sizes:
+                args = case.paged(ps, k, v, ks, vs)
+                fields = dict(base, kv_dtype=kv, page_size=ps, bytes=nbytes)
+                control = self.time_impl("control", args, fields, sdpa_us, sdpa_out, None, kv)
+                self.time_impl("triton", args, fields, sdpa_us, sdpa_out, control, kv)
+            del k, v
+        del case
+
+    def time_sdpa(self, case: Case, base: dict) -> tuple[float | None, torch.Tensor | None]:
+        errors = []
+        for backend in sdpa_backends(self.device):
+            fn = case.sdpa(backend)
+            try:
+                us, out = time_call(fn, self.device, self.args.rep_ms)
+            except RuntimeError as exc:  # this backend does not take the call: try the next
+                errors.append(f"{backend.name}: {str(exc).splitlines()[0][:120]}")
+                continue
+            nbytes = case.kv_bytes(2) + case.qo_bytes()
+            self.row(
+                impl="sdpa", status="ok", kv_dtype="bf16", sdpa_backend=backend.name, us=us, bytes=nbytes,
+                **self.bandwidth(nbytes, us), note="; ".join(errors), **base,
+            )  # fmt: skip
+            return us, out
+        self.row(impl="sdpa", status="error", kv_dtype="bf16", note="; ".join(errors), **base)
+        return None, None
+
+    @staticmethod
+    def bandwidth(nbytes: int, us: float) -> dict:
+        tbs = nbytes / us / 1e6
+        return {"tb_s": round(tbs, 4), "roofline_frac": round(tbs / ROOFLINE_TBPS, 4)}
+
+    def time_impl(self, impl, args, fields, sdpa_us, sdpa_out, control_us, kv) -> float | None:
+        mod = self.kernels()
+        B, ctx, d = fields["B"], fields["ctx"], fields["D"]
+        if impl == "triton":
+            cfg = mod.decode_config(d, args["k_cache"].dtype)
+
+            def fn():
+                return mod.decode_attention_triton(**args, max_seq_len=ctx)
+
+            extra = {"config": _cfg(cfg), "splits": -(-ctx // mod.PARTITION_SIZE)}
+        else:
+            cfg = mod.decode_config(d, args["k_cache"].dtype)
+            sms = self.fp["num_sms"]
+
+            def fn():
+                return mod.decode_attention_splitk_by_batch(**args, max_seq_len=ctx)
+
+            extra = {"config": _cfg(cfg), "splits": mod.splits_for_batch(B, fields["Hkv"], d, ctx, sms)}
+        try:
+            us, out = time_call(fn, self.device, self.args.rep_ms)
+        except Exception as exc:  # a failing case is a row, the run goes on
+            self.row(impl=impl, status="error", note=_err(exc), **extra, **fields)
+            return None
+        r = self.row(impl=impl, status="ok", us=us, **self.bandwidth(fields["bytes"], us), **extra, **fields)
+        if sdpa_out is not None:
+            r["max_abs_vs_sdpa"] = float((out.float() - sdpa_out.float()).abs().max())
+        if sdpa_us:
+            r["ratio_vs_sdpa"] = round(sdpa_us / us, 4)
+            if impl == "triton" and kv == "bf16" and B >= 8 and ctx >= 4096:
+                r["meets_sdpa_target"] = sdpa_us / us >= SDPA_TARGET
+        if control_us:
+            r["ratio_vs_control"] = round(control_us / us, 4)
+            r["meets_control_target"] = control_us / us >= CONTROL_TARGET
+        return us
+
+    def invariance(self, hq: int, hkv: int, d: int) -> None:
+        """A target alone vs among batchmates of other lengths in shuffled pages, per backend."""
+        from gdn_lab.cache import build_paged_kv, random_kv
+        from gdn_lab.experiments.compare import compare
+
+        mod = self.kernels()
+        smoke = self.args.smoke
+        target_len, mates, max_mate = (300, 2, 400) if smoke else (4000, 63, 8000)
+        g = torch.Generator().manual_seed(self.args.seed + 1)
+        lens = [int(x) for x in torch.randint(1, max_mate + 1, (mates,), generator=g)]
+        pos = mates // 2
+        lens = lens[:pos] + [target_len] + lens[pos:]
+        kvs = [random_kv(n, hkv, d, dtype=torch.bfloat16, device=self.device, seed=100 + i) for i, n in enumerate(lens)]
+        kvs[pos] = random_kv(target_len, hkv, d, dtype=torch.bfloat16, device=self.device, seed=7)
+        q = torch.randn(len(lens), hq, d, generator=g).to(self.device, torch.bfloat16)
+        for kv, ps in itertools.product(self.args.kv_dtypes, self.args.page_sizes):
+            kv_dtype = self.fp8 if kv == "fp8" else None
+            alone = build_paged_kv([kvs[pos][0]], [kvs[pos][1]], page_size=ps, kv_dtype=kv_dtype, shuffle=False)
+            batch = build_paged_kv(
+                [k for k, _ in kvs], [v for _, v in kvs], page_size=ps, kv_dtype=kv_dtype, seed=3, spare_pages=7
+            )
+            base = {"kind": "invariance", "Hq": hq, "Hkv": hkv, "D": d, "B": len(lens), "kv_dtype": kv}
+            sms = self.fp["num_sms"]
+            splits = {
+                "triton": "fixed 256-token partitions",
+                "control": f"control splits alone {mod.splits_for_batch(1, hkv, d, target_len, sms)}, "
+                f"batched {mod.splits_for_batch(len(lens), hkv, d, max(lens), sms)}",
+            }
+            for impl, fn in (
+                ("triton", mod.decode_attention_triton),
+                ("control", mod.decode_attention_splitk_by_batch),
+            ):
+                try:
+                    out_a = fn(q[pos : pos + 1], **alone.op_kwargs(), scale=d**-0.5)
+                    out_b = fn(q, **batch.op_kwargs(), scale=d**-0.5)
+                except Exception as exc:
+                    self.row(impl=impl, status="error", page_size=ps, target_len=target_len, note=_err(exc), **base)
+                    continue
+                self.row(
+                    impl=impl, status="ok", page_size=ps, target_len=target_len,
+                    note=f"target at position {pos} among batchmates of 1..{max_mate} tokens; {splits[impl]}",
+                    **compare(out_a[0], out_b[pos]), **base,
+                )  # fmt: skip
+
+    def sweep(self, hq: int, hkv: int, d: int) -> None:
+        """Partition-kernel configurations at B=64, ctx=4k (tuning input for the fixed table)."""
+        mod = self.kernels()
+        B, ctx = (3, 320) if self.args.smoke else (64, 4096)
+        case = Case(B, ctx, hq, hkv, d, self.device, self.args.seed)
+        grid = [(64, 4, 1)] if self.args.smoke else itertools.product((32, 64, 128), (4, 8), (2, 3))
+        for kv in self.args.kv_dtypes:
+            k, v = (case.k.to(self.fp8), case.v.to(self.fp8)) if kv == "fp8" else (case.k, case.v)
+            one = torch.ones(1, device=self.device) if kv == "fp8" else None
+            args = case.paged(16, k, v, one, one)
+            nbytes = case.kv_bytes(k.element_size()) + case.qo_bytes()
+            base = {"kind": "sweep", "impl": "triton", "Hq": hq, "Hkv": hkv, "D": d, "B": B, "ctx": ctx}
+            for bn, warps, stages in grid:
+                cfg = mod.DecodeConfig(bn, warps, stages)
+                fields = dict(base, kv_dtype=kv, page_size=16, config=_cfg(cfg), bytes=nbytes)
+                try:
+                    us, _ = time_call(
+                        lambda cfg=cfg, args=args: mod.decode_attention_triton(**args, max_seq_len=ctx, config=cfg),
+                        self.device,
+                        self.args.rep_ms,
+                    )
+                except Exception as exc:
+                    self.row(status="error", note=_err(exc), **fields)
+                    continue
+                self.row(status="ok", us=us, **self.bandwidth(nbytes, us), **fields)
+
+    def run(self) -> Path:
+        for hq, hkv, d in self.args.shapes:
+            for B, ctx in itertools.product(self.args.batches, self.args.contexts):
+                t0 = time.perf_counter()
+                self.timing(hq, hkv, d, B, ctx)
+                print(f"[bench] {hq}/{hkv}/{d} B={B} ctx={ctx}: {time.perf_counter() - t0:.1f}s", flush=True)
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+            self.invariance(hq, hkv, d)
+            if self.args.sweep:
+                self.sweep(hq, hkv, d)
+        return self.write()
+
+    def write(self) -> Path:
+        out = Path(self.args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        columns = COLUMNS + [f"env_{k}" for k in self.fp]
+        fd, tmp = tempfile.mkstemp(dir=out, suffix=".csv.tmp")
+        with os.fdopen(fd, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=columns)
+            w.writeheader()
+            w.writerows(self.rows)
+        path = out / CSV_NAME
+        os.replace(tmp, path)
+        return path
+
+
+def _cfg(cfg) -> str:
+    return f"block_n={cfg.block_n} warps={cfg.num_warps} stages={cfg.num_stages}"
+
+
+def _err(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def summary(rows: list[dict]) -> str:
+    """A few lines for the log: targets met, invariance outcomes, errors."""
+    lines = []
+    for col in ("meets_sdpa_target", "meets_control_target"):
+        vals = [r[col] for r in rows if r[col] != ""]
+        lines.append(f"{col}: {sum(bool(v) for v in vals)}/{len(vals)} met")
+    for r in rows:
+        if r["kind"] == "invariance":
+            lines.append(
+                f"invariance {r['impl']} {r['Hq']}/{r['Hkv']}/{r['D']} {r['kv_dtype']} page {r['page_size']}: "
+                f"bitwise_equal={r['bitwise_equal']}"
+            )
+    errors = [r for r in rows if r["status"] == "error"]
+    lines.append(f"errors: {len(errors)}; skipped: {sum(r['status'] == 'skipped' for r in rows)}")
+    lines += [f"  {r['kind']} {r['impl']} B={r['B']} ctx={r['ctx']} {r['kv_dtype']}: {r['note']}" for r in errors]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    bench = Bench(args)
+    t0 = time.perf_counter()
+    try:
+        path = bench.run()
+    except Exception:
+        traceback.print_exc()
+        path = bench.write()
+        print(f"[bench] FAILED part-way; partial CSV at {path}")
+        return 1
+    print(summary(bench.rows))
+    print(f"[bench] wrote {len(bench.rows)} rows to {path} in {time.perf_counter() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

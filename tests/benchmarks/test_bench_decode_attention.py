@@ -1,0 +1,51 @@
+"""benchmarks/bench_decode_attention.py --smoke: the whole script on tiny shapes (CPU interpreter)."""
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "bench_decode_attention", ROOT / "benchmarks" / "bench_decode_attention.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_smoke(tmp_path):
+    assert _bench().main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = _rows(tmp_path / "bench_decode_attention.csv")
+    assert all(r["status"] == "ok" and r["env_torch"] for r in rows)
+    timing = [r for r in rows if r["kind"] == "timing"]
+    assert {(r["impl"], r["kv_dtype"]) for r in timing} == {
+        ("sdpa", "bf16"), ("triton", "bf16"), ("triton", "fp8"), ("control", "bf16"), ("control", "fp8"),
+    }  # fmt: skip
+    assert all(float(r["us"]) > 0 and float(r["bytes"]) > 0 for r in timing)
+    ours = [r for r in timing if r["impl"] != "sdpa"]
+    assert all(r["ratio_vs_sdpa"] and r["max_abs_vs_sdpa"] for r in ours)
+    assert all(float(r["max_abs_vs_sdpa"]) < 2e-2 for r in ours if r["kv_dtype"] == "bf16")
+    assert all(r["ratio_vs_control"] for r in ours if r["impl"] == "triton")
+    inv = [r for r in rows if r["kind"] == "invariance"]
+    assert {r["impl"] for r in inv} == {"triton", "control"}
+    assert all(r["bitwise_equal"] == "True" for r in inv if r["impl"] == "triton")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_cases_over_the_memory_limit_are_skipped_rows(tmp_path):
+    argv = ["--smoke", "--out", str(tmp_path), "--max-gb", "0", "--kv-dtypes", "bf16", "--page-sizes", "16"]
+    assert _bench().main(argv) == 0
+    timing = [r for r in _rows(tmp_path / "bench_decode_attention.csv") if r["kind"] == "timing"]
+    assert {r["impl"] for r in timing} == {"sdpa", "triton", "control"}
+    assert all(r["status"] == "skipped" and "--max-gb" in r["note"] and not r["us"] for r in timing)
