@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from gdn_lab import aiter_loader, checks
 from gdn_lab.device import detect
-from gdn_lab.experiments.common import Ran, fmt_list, max_abs, run_backend, target_tensors
+from gdn_lab.experiments.common import Ran, fmt_list, labeled, max_abs, run_backend, target_tensors
 from gdn_lab.experiments.compare import compare
 from gdn_lab.experiments.partition_edges import TOLERANCES
 from gdn_lab.experiments.table import COLUMNS, base_row
@@ -59,6 +59,8 @@ from gdn_lab.workloads import (
 )
 
 BACKENDS = ("aiter-triton-pa", "aiter-triton-unified", "aiter-triton-mha")
+DECODE_BACKENDS = ("aiter-triton-pa", "aiter-triton-unified")
+PREFILL_BACKENDS = ("aiter-triton-mha",)
 OP_OF = {
     "aiter-triton-pa": "decode_attention",
     "aiter-triton-unified": "decode_attention",
@@ -66,6 +68,7 @@ OP_OF = {
 }
 
 EXTRA_COLUMNS = [
+    "is_control",
     "status",
     "platform",
     "emulated_arch",
@@ -227,6 +230,31 @@ def aiter_dispatch(*, progress: bool = True, **kwargs: Any) -> pd.DataFrame:
     return run(make_config(**kwargs), progress=progress)
 
 
+def aiter_dispatch_by_op(
+    decode: Mapping[str, Any] | None = None,
+    prefill: Mapping[str, Any] | None = None,
+    *,
+    progress: bool = True,
+    **common: Any,
+) -> pd.DataFrame:
+    """The decode and the prefill kernels, each with its own cases, in one table.
+
+    Args:
+        decode: `make_config` fields for the decode backends (targets, batch_sizes, min_context,
+            max_context, backends); None skips them.
+        prefill: the same for the prefill backend (plus new_tokens); None skips it.
+        progress: show a tqdm bar.
+        **common: the fields both share (seed, device, dtype, kv_dtype, arch, num_cus, attention, trials).
+    """
+    parts = []
+    for cases, names in ((decode, DECODE_BACKENDS), (prefill, PREFILL_BACKENDS)):
+        if cases is None:
+            continue
+        chosen = cases.get("backends") or names
+        parts.append(aiter_dispatch(progress=progress, **{**common, **cases, "backends": chosen}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS + EXTRA_COLUMNS)
+
+
 @dataclass
 class _Solo:
     """One backend's run of the target alone, and what its rule said."""
@@ -323,6 +351,7 @@ def _row(cfg, op, name, solo: _Solo, args, view, ref, case) -> dict[str, Any]:
         backend_ran=name if ran.covered else None,
         covered=ran.covered,
         reason=ran.error or ran.reason,
+        is_control=False,
         status=ran.status,
         **case,
     )
@@ -387,19 +416,33 @@ def invariance_map(df: pd.DataFrame, backend: str) -> pd.DataFrame:
     )
 
 
-def prediction_map(df: pd.DataFrame, backend: str) -> pd.DataFrame:
-    """target_len x batch_size: the batch's predicted variant, marked where the rule missed ("!")."""
+def outcome_map(df: pd.DataFrame, backend: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(codes, labels), target_len x batch_size, for a heatmap of predicted against measured.
+
+    codes: the worst outcome over trials as its index in OUTCOMES (2 and 3 are rule misses);
+    labels: the batch's predicted variant(s); the row index reads "<target_len> (alone: <variant>)".
+    """
     part = df[(df.backend == backend) & (df.status == "compared")]
     if part.empty:
-        return pd.DataFrame()
-    label = part.predicted_variant + part.prediction.map(lambda o: "" if o in OUTCOMES[:2] else " !")
-    return part.assign(label=label).pivot_table(
-        index="target_len", columns="batch_size", values="label", aggfunc=lambda s: "/".join(sorted(set(s)))
+        return pd.DataFrame(), pd.DataFrame()
+    alone_of = part.groupby("target_len").alone_variant.first()
+    part = part.assign(
+        code=part.prediction.map(OUTCOMES.index),
+        row=part.target_len.map(lambda t: f"{t} (alone: {alone_of[t]})"),
     )
+    order = [f"{t} (alone: {alone_of[t]})" for t in sorted(alone_of.index)]
+    codes = part.pivot_table(index="row", columns="batch_size", values="code", aggfunc="max").reindex(order)
+    labels = part.pivot_table(
+        index="row", columns="batch_size", values="predicted_variant", aggfunc=lambda v: "/".join(sorted(set(v)))
+    ).reindex(order)
+    return codes, labels
 
 
-def _where(platform_rows: pd.Series) -> str:
-    return "" if (platform_rows == "rocm").all() else " (not yet run on AMD hardware)"
+def misses(df: pd.DataFrame) -> pd.DataFrame:
+    """The cases where the rule was wrong (a predicted switch kept the bits, or bits changed unpredicted)."""
+    cols = ["backend", "target_len", "batch_size", "trial", "batch_max_len", "alone_variant", "predicted_variant"]
+    cols += ["alone_key", "predicted_key", "prediction", "n_diff", "max_ulp", "rule_reason"]
+    return df[df.prediction.isin(OUTCOMES[2:])][cols]
 
 
 def headline(df: pd.DataFrame) -> str:
@@ -408,15 +451,16 @@ def headline(df: pd.DataFrame) -> str:
     ran = s[s.cases > 0]
     if ran.empty:
         return "no AITER Triton kernel ran here: " + "; ".join(f"{r.backend}: {r.reason}" for r in s.itertuples())
+    platforms = df.platform.dropna().unique()
     parts = []
     for r in ran.itertuples():
         switches = r.switch_observed + r.predicted_switch_not_observed
         verdict = "rule holds" if r.rule_holds else "RULE MISSES"
         parts.append(
-            f"{r.backend}: {r.switch_observed}/{switches} predicted switches seen, "
+            f"{labeled(r.backend, platforms)}: {r.switch_observed}/{switches} predicted switches seen, "
             f"{r.unpredicted_difference} unpredicted ({verdict})"
         )
-    return "; ".join(parts) + _where(df.platform)
+    return "; ".join(parts)
 
 
 def conclusion(df: pd.DataFrame) -> str:
@@ -427,7 +471,7 @@ def conclusion(df: pd.DataFrame) -> str:
     if env is not None:
         lines.append(
             f"AITER {env.aiter_version} via {env.aiter_route}, dispatching for {env.emulated_arch} "
-            f"with {env.num_cus} CUs on {env.device}{_where(df.platform)}."
+            f"with {env.num_cus} CUs on {env.device}."
         )
         lines.append("")
     for r in s.itertuples():
@@ -437,7 +481,7 @@ def conclusion(df: pd.DataFrame) -> str:
             continue
         variants = fmt_list(sorted(set(part.predicted_variant.dropna()) | set(part.alone_variant.dropna())))
         lines.append(
-            f"- **{r.backend}** ({r.op}, variants seen: {variants}): {r.cases} cases; "
+            f"- **{labeled(r.backend, part.platform.dropna().unique())}** ({r.op}, variants seen: {variants}): {r.cases} cases; "
             f"{r.switch_observed} predicted switches changed the bits, {r.equal_as_predicted} predicted-equal "
             f"cases stayed bitwise equal."
         )

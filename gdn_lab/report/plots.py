@@ -121,3 +121,37 @@ def parity_bars(df: pd.DataFrame, title: str = "Fused vs unfused chain (relative
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+@_styled
+def dispatch_heatmaps(df: pd.DataFrame, title: str = "AITER dispatch: predicted against measured") -> Figure:
+    """One panel per AITER backend: target length x batch size, colored by how the bits met the rule.
+
+    Colors: equal as predicted (light green), predicted switch observed (green), predicted switch
+    not observed (amber), unpredicted difference (red); cells show the batch's predicted variant,
+    rows the variant of the target alone. Args: a `gdn_lab.experiments.aiter_dispatch` table.
+    """
+    from gdn_lab.experiments.aiter_dispatch import OUTCOMES, outcome_map
+
+    maps = [(b, *outcome_map(df, b)) for b in df.backend.unique()]
+    maps = [(b, codes, labels) for b, codes, labels in maps if not codes.empty]
+    if not maps:
+        return _empty(title, "no AITER kernel ran")
+    fig, axes = plt.subplots(
+        1, len(maps), figsize=(sum(2.5 + 0.8 * c.shape[1] for _, c, _ in maps), 1.5 + 0.45 * max(len(c) for _, c, _ in maps)),
+        squeeze=False,
+    )  # fmt: skip
+    palette = sns.color_palette(["#d8f3dc", "#52b788", "#f2cc60", "#e5534b"])
+    for ax, (backend, codes, labels) in zip(axes[0], maps):
+        sns.heatmap(
+            codes, annot=labels.fillna(""), fmt="", cmap=palette, vmin=-0.5, vmax=len(OUTCOMES) - 0.5,
+            cbar=False, linewidths=0.5, ax=ax, annot_kws={"fontsize": 7},
+        )  # fmt: skip
+        ax.set_title(backend)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("target length")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in palette]
+    fig.legend(handles, OUTCOMES, loc="lower center", ncol=len(OUTCOMES), fontsize=8, frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig

@@ -13,24 +13,23 @@ import torch
 from gdn_lab import aiter_loader
 from gdn_lab.experiments.aiter_dispatch import (
     OUTCOMES,
-    aiter_dispatch,
+    aiter_dispatch_by_op,
     conclusion,
     headline,
     invariance_map,
     make_config,
+    misses,
     outcome,
-    prediction_map,
+    outcome_map,
     summarize,
 )
 from gdn_lab.experiments.table import COLUMNS
 
 SMOKE = dict(
-    targets=[20, 1100],
-    batch_sizes=[2, 17],
+    decode={"targets": [20, 1100], "batch_sizes": [2, 17], "max_context": 64},
+    prefill={"targets": [20], "batch_sizes": [2], "max_context": 16},
     num_cus=1,
     attention={"num_q_heads": 32, "num_kv_heads": 2, "head_dim": 16},
-    min_context=1,
-    max_context=64,
     progress=False,
 )
 
@@ -51,7 +50,7 @@ def test_config_validation():
 
 @pytest.mark.skipif(not aiter_loader.probe().installed, reason="amd-aiter is not installed")
 def test_smoke_run_meets_every_prediction(device):
-    df = aiter_dispatch(device=device, **SMOKE)
+    df = aiter_dispatch_by_op(device=device, **SMOKE)
     assert list(df.columns[: len(COLUMNS)]) == COLUMNS and "predicted_variant" in df.columns
     decode = df[df.op == "decode_attention"]
     assert len(decode) == 2 * 2 * 2 and decode.covered.all() and (decode.status == "compared").all()
@@ -74,4 +73,8 @@ def test_smoke_run_meets_every_prediction(device):
     assert "aiter-triton-pa" in text and ("not yet run on AMD hardware" in text) == (not torch.version.hip)
     imap = invariance_map(df, "aiter-triton-pa")
     assert imap.loc[20].tolist() == [1.0, 1.0] and imap.loc[1100].tolist() == [1.0, 0.0]
-    assert prediction_map(df, "aiter-triton-unified").loc[1100, 2] == "2d"
+    codes, labels = outcome_map(df, "aiter-triton-unified")
+    assert labels.loc["1100 (alone: 3d:16seg)"].tolist() == ["2d", "2d"] and codes.loc[
+        "1100 (alone: 3d:16seg)"
+    ].tolist() == [1, 1]
+    assert misses(df).empty
