@@ -127,9 +127,11 @@ def parity_bars(df: pd.DataFrame, title: str = "Fused vs unfused chain (relative
 def dispatch_heatmaps(df: pd.DataFrame, title: str = "AITER dispatch: predicted against measured") -> Figure:
     """One panel per AITER backend: target length x batch size, colored by how the bits met the rule.
 
-    Colors: equal as predicted (light green), predicted switch observed (green), predicted switch
-    not observed (amber), unpredicted difference (red); cells show the batch's predicted variant,
-    rows the variant of the target alone. Args: a `gdn_lab.experiments.aiter_dispatch` table.
+    Colors follow `aiter_dispatch.OUTCOMES`: equal as predicted (light green), predicted switch
+    observed (green), a last-step rounding difference that kept / changed the bits (light blue /
+    blue), and the rule's misses: predicted switch not observed (amber), unpredicted difference
+    (red). Cells show the batch's predicted variant, rows the variant of the target alone.
+    Args: a `gdn_lab.experiments.aiter_dispatch` table.
     """
     from gdn_lab.experiments.aiter_dispatch import OUTCOMES, outcome_map
 
@@ -141,7 +143,7 @@ def dispatch_heatmaps(df: pd.DataFrame, title: str = "AITER dispatch: predicted 
         1, len(maps), figsize=(sum(2.5 + 0.8 * c.shape[1] for _, c, _ in maps), 1.5 + 0.45 * max(len(c) for _, c, _ in maps)),
         squeeze=False,
     )  # fmt: skip
-    palette = sns.color_palette(["#d8f3dc", "#52b788", "#f2cc60", "#e5534b"])
+    palette = sns.color_palette(["#d8f3dc", "#52b788", "#cfe2ff", "#6ea8fe", "#f2cc60", "#e5534b"])
     for ax, (backend, codes, labels) in zip(axes[0], maps):
         sns.heatmap(
             codes, annot=labels.fillna(""), fmt="", cmap=palette, vmin=-0.5, vmax=len(OUTCOMES) - 0.5,
@@ -151,7 +153,7 @@ def dispatch_heatmaps(df: pd.DataFrame, title: str = "AITER dispatch: predicted 
         ax.set_xlabel("batch size")
         ax.set_ylabel("target length")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in palette]
-    fig.legend(handles, OUTCOMES, loc="lower center", ncol=len(OUTCOMES), fontsize=8, frameon=False)
+    fig.legend(handles, OUTCOMES, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig

@@ -66,3 +66,8 @@ def predict(arch: str, dtype: torch.dtype) -> Prediction:
 def numerics_key(prediction: Prediction, seq_len: int) -> str:
     """What a request's bits depend on: the tile only."""
     return prediction.variant
+
+
+def expect(alone_key: str, batch_key: str) -> str:
+    """ "equal" when both launches give the request the same numerics key, else "switch"."""
+    return "equal" if alone_key == batch_key else "switch"

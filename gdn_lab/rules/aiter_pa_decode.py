@@ -109,3 +109,8 @@ def predict_call(args: Mapping[str, Any], rule: PaDecodeRule = RULE) -> Predicti
     """The prediction for a validated decode_attention call (as the lab's backend launches it)."""
     q, seq_lens = args["q"], args["seq_lens"]
     return predict(q.shape[0], q.shape[1], int(seq_lens.max()), rule)
+
+
+def expect(alone_key: str, batch_key: str) -> str:
+    """ "equal" when both launches give the request the same numerics key, else "switch"."""
+    return "equal" if alone_key == batch_key else "switch"

@@ -17,7 +17,8 @@ as a parameter, and the lab passes the count AITER saw (`gdn_lab.aiter_loader.ef
 What a request's bits depend on (`numerics_key`): the 2D kernel makes one online-softmax pass over
 the request's tiles (decode: tile = KV block, fixed by the cache), and is batch invariant. The 3D
 kernel cuts the request into segments of `tiles_per_segment = ceil(seq_len / (NUM_SEGMENTS * tile))`
-tiles, each merged by a reduce; the segment boundaries are its numerics. Two launches whose
+tiles, each merged by a reduce; the segment boundaries are its numerics (`numerics_key`,
+`expect`: a request that fits one segment differs from 2D in the last step only). Two launches whose
 NUM_SEGMENTS differ but give the request the same segments differ only in padded, masked lanes
 of the reduce, which the lab predicts to be bitwise equal (a claim the experiment tests).
 
@@ -160,9 +161,36 @@ def tiles_per_segment(prediction: Prediction, seq_len: int) -> int | None:
 
 
 def numerics_key(prediction: Prediction, seq_len: int) -> str:
-    """What a request's bits depend on: "2d", or its 3D segmentation ("3d:<tiles>tiles/seg")."""
+    """What a request's bits depend on: "2d", or its 3D segmentation.
+
+    "3d:<t>tiles/seg" for a request cut into several segments of t tiles; "3d:1seg" for a request
+    that fits one segment; "one token" for a one-token context in any variant (its softmax weight
+    and exp sum are exactly 1, so every variant returns the token's value).
+    """
+    if seq_len == 1:
+        return "one token"
     tps = tiles_per_segment(prediction, seq_len)
-    return "2d" if tps is None else f"3d:{tps}tiles/seg"
+    if tps is None:
+        return "2d"
+    if seq_len <= tps * prediction.tile_size:
+        return "3d:1seg"
+    return f"3d:{tps}tiles/seg"
+
+
+def expect(alone_key: str, batch_key: str) -> str:
+    """What the rule expects of a request's bits between two launches, from their numerics keys.
+
+    Returns:
+        "equal" (the same arithmetic), "switch" (another accumulation order: bits change), or
+        "rounding" for 2D against a single 3D segment: both run the same loop over the same tiles,
+        then 2D multiplies by 1 / exp_sum and 3D's reduce divides by it, at most one float32 ulp
+        apart, so the bits differ only where that ulp crosses a rounding boundary of the output dtype.
+    """
+    if alone_key == batch_key:
+        return "equal"
+    if {alone_key, batch_key} == {"2d", "3d:1seg"}:
+        return "rounding"
+    return "switch"
 
 
 def predict_call(args: Mapping[str, Any], num_cus: int, rule: UnifiedAttentionRule = RULE) -> Prediction:

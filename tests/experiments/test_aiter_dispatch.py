@@ -35,7 +35,17 @@ SMOKE = dict(
 
 
 def test_outcomes():
-    assert [outcome(p, m) for p, m in [(True, True), (False, False), (False, True), (True, False)]] == list(OUTCOMES)
+    cases = [
+        ("equal", True),
+        ("switch", False),
+        ("rounding", True),
+        ("rounding", False),
+        ("switch", True),
+        ("equal", False),
+    ]
+    assert [outcome(e, m) for e, m in cases] == list(OUTCOMES)
+    with pytest.raises(ValueError, match="expected"):
+        outcome("maybe", True)
 
 
 def test_config_validation():

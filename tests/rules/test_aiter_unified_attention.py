@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gdn_lab import aiter_loader
-from gdn_lab.rules.aiter_unified_attention import numerics_key, predict, tiles_per_segment
+from gdn_lab.rules.aiter_unified_attention import expect, numerics_key, predict, tiles_per_segment
 
 
 def decode(num_seqs, hq=32, hkv=8, max_k=4000, block=16, cus=132):
@@ -41,6 +41,10 @@ def test_numerics_key_is_the_requests_segmentation():
     assert numerics_key(alone, 600) == numerics_key(pair, 600)  # only the reduce's padding differs
     assert numerics_key(alone, 4000) != numerics_key(pair, 4000)  # 2 vs 4 tiles per segment
     assert numerics_key(decode(54), 4000) == "2d"
+    assert numerics_key(decode(54), 1) == numerics_key(alone, 1) == "one token"  # the output is the token's value
+    assert numerics_key(alone, 16) == "3d:1seg" and numerics_key(decode(54), 16) == "2d"
+    assert expect("2d", "3d:1seg") == "rounding" and expect("2d", "3d:2tiles/seg") == "switch"
+    assert expect("3d:1seg", "3d:1seg") == "equal"
 
 
 @pytest.mark.skipif(not aiter_loader.probe().installed, reason="amd-aiter is not installed")
