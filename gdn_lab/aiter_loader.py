@@ -12,9 +12,9 @@ fingerprint (`aiter_route`):
   module named `aiter`, whose `__path__` is the installed folder, stands in for the init while the
   submodules import. `unload()` removes it and every module the loads added.
 
-Off ROCm, AITER's code asks two questions a non-AMD machine answers wrongly, and `shims()` answers
-them for AITER alone, for the duration of a `with` block, restoring everything on every exit path
-(the blocks nest):
+Off ROCm, AITER's code asks two questions a non-AMD machine answers wrongly and passes launch
+options only AMD's backend knows; `shims()` handles all three for AITER alone, for the duration of
+a `with` block, restoring everything on every exit path (the blocks nest):
 
 - the arch: `aiter.ops.triton.utils._triton.arch_info.get_arch()` reads Triton's active target,
   which is an int (90) on an H200 and does not exist under the CPU interpreter; AITER compares it
@@ -250,6 +250,14 @@ def effective_num_cus(device: torch.device | str | None = None) -> int:
 
         return detect(dev).num_sms
     return EMULATED_DEVICES[effective_arch(device)].num_cus
+
+
+def row_arch(backend: str, device: torch.device | str | None = None) -> str | None:
+    """The arch a result row of `backend` should record: the emulated one for AITER's Triton
+    backends off ROCm (what AITER dispatched for), else None (the device's own)."""
+    if backend.startswith("aiter-triton") and not on_rocm():
+        return current_emulation().arch
+    return None
 
 
 def fingerprint_fields(device: torch.device | str | None = None) -> dict[str, object]:

@@ -167,6 +167,13 @@ def test_fingerprint_records_the_route():
             assert fingerprint("cpu")["aiter_num_cus"] == 80  # MI308X
 
 
+def test_row_arch_names_the_emulated_arch_for_aiter_triton_rows_only():
+    with aiter_loader.emulate("gfx942"):
+        expected = None if torch.version.hip else "gfx942"
+        assert aiter_loader.row_arch("aiter-triton-pa") == expected
+        assert aiter_loader.row_arch("triton") is None
+
+
 def test_emulation_validates_and_nests():
     with pytest.raises(ValueError, match="arch"):
         aiter_loader.Emulation("gfx90a")
