@@ -88,17 +88,17 @@ def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
 @triton.jit
 def _round_rne(x, MANT: tl.constexpr, TINY: tl.constexpr, MAGIC: tl.constexpr):
     """x rounded to the nearest value with MANT mantissa bits (ties to even), still in float32."""
-    if MANT >= 23:
-        return x
-    SHIFT: tl.constexpr = 23 - MANT
-    ax = tl.abs(x)
-    bits = ax.to(tl.int32, bitcast=True)
-    # round-half-even on the bits: the carry moves into the exponent when the mantissa overflows
-    bits = ((bits + ((1 << (SHIFT - 1)) - 1) + ((bits >> SHIFT) & 1)) >> SHIFT) << SHIFT
-    normal = bits.to(tl.float32, bitcast=True)
-    subnormal = (ax + MAGIC) - MAGIC  # the float32 add rounds to the subnormal spacing
-    r = tl.where(ax < TINY, subnormal, normal)
-    return tl.where(x < 0, -r, r)
+    if MANT < 23:
+        SHIFT: tl.constexpr = 23 - MANT
+        ax = tl.abs(x)
+        bits = ax.to(tl.int32, bitcast=True)
+        # round-half-even on the bits: the carry moves into the exponent when the mantissa overflows
+        bits = ((bits + ((1 << (SHIFT - 1)) - 1) + ((bits >> SHIFT) & 1)) >> SHIFT) << SHIFT
+        normal = bits.to(tl.float32, bitcast=True)
+        subnormal = (ax + MAGIC) - MAGIC  # the float32 add rounds to the subnormal spacing
+        r = tl.where(ax < TINY, subnormal, normal)
+        x = tl.where(x < 0, -r, r)
+    return x
 
 
 @triton.jit
@@ -142,19 +142,24 @@ def _conv_silu(
 ):
     """SiLU(causal depthwise conv) at sequence positions p [BT] for the channels ch [D] (qkvz columns col).
 
-    Tap w reads position p - (W - 1 - w); before the sequence start it reads the slot's conv
-    history entry p + w, or zero where p + w >= hist_len (W - 1 with an initial state, else 0).
+    Tap w reads position p - (W - 1 - w). Before the sequence start it reads the slot's conv history
+    entry p + w where p + w < hist_len: the caller passes W - 1 for a sequence's first chunk when it
+    has an initial state, else 0. The history taps are added in a second pass that only such a
+    chunk runs, so the other chunks carry no history addressing (it cost registers and spills).
     """
     acc = tl.zeros([BT, D], dtype=tl.float32)
     for w in tl.static_range(W):
         src = p - (W - 1 - w)
         x = tl.load(qkvz + (bos + src)[:, None] * ROW + col[None, :], mask=(m_t & (src >= 0))[:, None], other=0.0)
-        hist = tl.load(
-            conv_state + state_base + ch[None, :] * (W - 1) + (p + w)[:, None],
-            mask=(m_t & (src < 0) & (p + w < hist_len))[:, None],
-            other=0.0,
-        )
-        acc += (x.to(tl.float32) + hist.to(tl.float32)) * tl.load(conv_weight + ch * W + w).to(tl.float32)[None, :]
+        acc += x.to(tl.float32) * tl.load(conv_weight + ch * W + w).to(tl.float32)[None, :]
+    if hist_len > 0:
+        for w in tl.static_range(W - 1):
+            hist = tl.load(
+                conv_state + state_base + ch[None, :] * (W - 1) + (p + w)[:, None],
+                mask=(m_t & (p + w < hist_len))[:, None],
+                other=0.0,
+            )
+            acc += hist.to(tl.float32) * tl.load(conv_weight + ch * W + w).to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(conv_bias + ch).to(tl.float32)[None, :]
     return acc * tl.sigmoid(acc)
@@ -184,6 +189,45 @@ def _conv_state_update(
 
 
 # --- kernels -----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _input_tile(
+    x,
+    qkvz,
+    conv_state,
+    conv_weight,
+    conv_bias,
+    bos,
+    p,
+    m_t,
+    state_base,
+    hist_len,
+    x_col,
+    x_row: tl.constexpr,
+    col,
+    ch,
+    ROW: tl.constexpr,
+    W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    FUSED: tl.constexpr,
+    BT: tl.constexpr,
+    D: tl.constexpr,
+    IO_MANT: tl.constexpr,
+    IO_TINY: tl.constexpr,
+    IO_MAGIC: tl.constexpr,
+):
+    """One [BT, D] float32 tile of q, k or v: columns x_col of the plain input x ([T, x_row]), or
+    (FUSED) the conv of the projection's columns col (conv channels ch), rounded to the input dtype."""
+    if FUSED:
+        t = _conv_silu(
+            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, col, ch, ROW, W, HAS_BIAS, BT, D,
+        )  # fmt: skip
+        # the unfused chain stores the conv output in the input dtype; so does this kernel (parity)
+        t = _round_rne(t, IO_MANT, IO_TINY, IO_MAGIC)
+    else:
+        t = tl.load(x + (bos + p)[:, None] * x_row + x_col[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
+    return t
 
 
 @triton.jit
@@ -237,74 +281,69 @@ def _prepare_kernel(
     i_kh = i_h // R
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
-    p = (i_c - tl.load(chunk_cu + n)).to(tl.int64) * BT + tl.arange(0, BT)  # positions in the sequence
+    p_first = (i_c - tl.load(chunk_cu + n)).to(tl.int64) * BT
+    p = p_first + tl.arange(0, BT)  # positions in the sequence
     m_t = p < eos - bos
     rows = bos + p
     o_k = tl.arange(0, K)
     o_v = tl.arange(0, V)
-
+    # Qwen3-Next's interleaved projection: per key head [q | k | v (R heads) | z (R heads)]; the
+    # conv channels are [q of every key head | k | v of every value head]
+    ROW: tl.constexpr = HK * (2 * K + 2 * R * V)
+    base = i_kh * (2 * K + 2 * R * V)
     if FUSED:
-        # Qwen3-Next's interleaved projection: per key head [q | k | v (R heads) | z (R heads)]
-        ROW: tl.constexpr = HK * (2 * K + 2 * R * V)
-        CONV_DIM: tl.constexpr = 2 * HK * K + HV * V
-        base = i_kh * (2 * K + 2 * R * V)
-        state_base = slot.to(tl.int64) * CONV_DIM * (W - 1)
-        # scalar booleans cannot mask a block in the interpreter: the history length stands in
-        hist_len = tl.where(tl.load(has_initial_state + n) != 0, W - 1, 0)
-        b_q = _conv_silu(
-            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
-            base + o_k, i_kh * K + o_k, ROW, W, HAS_BIAS, BT, K,
-        )  # fmt: skip
-        b_k = _conv_silu(
-            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
-            base + K + o_k, HK * K + i_kh * K + o_k, ROW, W, HAS_BIAS, BT, K,
-        )  # fmt: skip
-        b_v = _conv_silu(
-            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
-            base + 2 * K + (i_h % R) * V + o_v, 2 * HK * K + i_h * V + o_v, ROW, W, HAS_BIAS, BT, V,
-        )  # fmt: skip
-        # the unfused chain stores the conv output in the input dtype; so does this kernel (parity)
-        b_q = _round_rne(b_q, IO_MANT, IO_TINY, IO_MAGIC)
-        b_k = _round_rne(b_k, IO_MANT, IO_TINY, IO_MAGIC)
-        b_v = _round_rne(b_v, IO_MANT, IO_TINY, IO_MAGIC)
+        state_base = slot.to(tl.int64) * (2 * HK * K + HV * V) * (W - 1)
+        # the slot's conv history reaches only the first chunk (and a scalar boolean cannot mask a
+        # block in the interpreter: a history length stands in)
+        hist_len = tl.where(p_first == 0, tl.where(tl.load(has_initial_state + n) != 0, W - 1, 0), 0)
         ba_col = i_kh * 2 * R + i_h % R  # per key head [b (R) | a (R)]
         b_b = tl.load(ba + rows * (2 * HV) + ba_col, mask=m_t, other=0.0).to(tl.float32)
         b_a = tl.load(ba + rows * (2 * HV) + ba_col + R, mask=m_t, other=0.0).to(tl.float32)
     else:
-        m_2d = m_t[:, None]
-        b_q = tl.load(q + rows[:, None] * (HK * K) + i_kh * K + o_k[None, :], mask=m_2d, other=0.0).to(tl.float32)
-        b_k = tl.load(k + rows[:, None] * (HK * K) + i_kh * K + o_k[None, :], mask=m_2d, other=0.0).to(tl.float32)
-        b_v = tl.load(v + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_2d, other=0.0).to(tl.float32)
+        state_base = 0
+        hist_len = 0
         b_a = tl.load(a + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
         b_b = tl.load(b + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
-
-    if L2NORM:
-        b_q = _l2norm_rows(b_q, 1e-6)
-        b_k = _l2norm_rows(b_k, 1e-6)
-    b_q = b_q * scale
-    if i_h % R == 0:  # one value head per key head writes the shared normalized q and k
-        p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
-        tl.store(qs + p_qk, b_q, mask=m_t[:, None])
-        tl.store(ks + p_qk, b_k, mask=m_t[:, None])
-
     # gates; rows past the sequence get g = 0 and beta = 0, so they change nothing
     x = b_a + tl.load(dt_bias + i_h).to(tl.float32)
     softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
     b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus, 0.0)
     b_beta = tl.where(m_t, tl.sigmoid(b_b), 0.0)
     b_G = tl.cumsum(b_g, 0)
+    tl.store(gs + rows * HV + i_h, b_G, mask=m_t)
+
+    # tiles are made in the order they are consumed, so that few are alive at once
+    b_k = _input_tile(
+        k, qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, i_kh * K + o_k, HK * K,
+        base + K + o_k, HK * K + i_kh * K + o_k, ROW, W, HAS_BIAS, FUSED, BT, K, IO_MANT, IO_TINY, IO_MAGIC,
+    )  # fmt: skip
+    if L2NORM:
+        b_k = _l2norm_rows(b_k, 1e-6)
+    if i_h % R == 0:  # one value head per key head writes the shared normalized q and k
+        p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
+        tl.store(ks + p_qk, b_k, mask=m_t[:, None])
+        b_q = _input_tile(
+            q, qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, i_kh * K + o_k, HK * K,
+            base + o_k, i_kh * K + o_k, ROW, W, HAS_BIAS, FUSED, BT, K, IO_MANT, IO_TINY, IO_MAGIC,
+        )  # fmt: skip
+        if L2NORM:
+            b_q = _l2norm_rows(b_q, 1e-6)
+        tl.store(qs + p_qk, b_q * scale, mask=m_t[:, None])
 
     o_t = tl.arange(0, BT)
     strict = o_t[:, None] > o_t[None, :]
     decay = tl.exp(tl.where(strict, b_G[:, None] - b_G[None, :], 0.0))
     kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-    b_A = tl.where(strict, b_beta[:, None] * kk * decay, 0.0)
-    b_T = _unit_lower_inverse(b_A, BT)
+    b_T = _unit_lower_inverse(tl.where(strict, b_beta[:, None] * kk * decay, 0.0), BT)
     b_w = tl.dot(b_T, b_k * (b_beta * tl.exp(b_G))[:, None], input_precision=PREC)
-    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PREC)
     tl.store(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], b_w, mask=m_t[:, None])
+    b_v = _input_tile(
+        v, qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, i_h * V + o_v, HV * V,
+        base + 2 * K + (i_h % R) * V + o_v, 2 * HK * K + i_h * V + o_v, ROW, W, HAS_BIAS, FUSED, BT, V,
+        IO_MANT, IO_TINY, IO_MAGIC,
+    )  # fmt: skip
+    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PREC)
     tl.store(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_u, mask=m_t[:, None])
-    tl.store(gs + rows * HV + i_h, b_G, mask=m_t)
 
 
 @triton.jit
