@@ -93,6 +93,7 @@ class InvarianceConfig:
     new_tokens: int | None = None
     quantize_fp8: bool = False
     include_controls: bool = True
+    strict_backends: bool = True
 
     def __post_init__(self) -> None:
         check_op(self.op)
@@ -141,6 +142,7 @@ def make_config(
     new_tokens: int | None = None,
     quantize_fp8: bool = False,
     include_controls: bool = True,
+    strict_backends: bool = True,
 ) -> InvarianceConfig:
     """An InvarianceConfig from plain values (names, lists, dicts), as notebooks and the CLI pass them."""
     dev = resolve_device(device)
@@ -164,6 +166,7 @@ def make_config(
         new_tokens=new_tokens,
         quantize_fp8=quantize_fp8,
         include_controls=include_controls,
+        strict_backends=strict_backends,
     )
 
 
@@ -187,7 +190,8 @@ def batch_invariance(op: str, *, progress: bool = True, **kwargs: Any) -> pd.Dat
             min_context, max_context: batchmates' lengths are uniform in this range;
             new_tokens: prefill_attention's new tokens per request (None: all of them);
             quantize_fp8: gdn_layer_prefill also compares its fp8 activations and scales;
-            include_controls: also run the op's batch-variant controls.
+            include_controls: also run the op's batch-variant controls;
+            strict_backends: a named backend the op lacks raises (True) or is skipped.
 
     Returns:
         One row per comparison (backend x target x batch size x trial x tensor): the contract
@@ -210,19 +214,21 @@ def run_ops(
         op_overrides: per-op replacements of any keyword of `make_config` (e.g. smaller batch sizes
             for one op), {op: {name: value}}.
         progress: tqdm bars on stderr.
-        **common: keywords of `make_config` shared by every op.
+        **common: keywords of `make_config` shared by every op; names in a shared `backends` list
+            that an op lacks are skipped for that op.
     """
     overrides = dict(op_overrides or {})
     unknown = sorted(set(overrides) - set(ops))
     if unknown:
         raise ValueError(f"op_overrides: {', '.join(unknown)} not in ops; accepted: {', '.join(ops)}")
-    tables = [batch_invariance(op, progress=progress, **{**common, **overrides.get(op, {})}) for op in ops]
+    shared = {"strict_backends": False, **common}
+    tables = [batch_invariance(op, progress=progress, **{**shared, **overrides.get(op, {})}) for op in ops]
     return pd.concat(tables, ignore_index=True)
 
 
 def run(cfg: InvarianceConfig, progress: bool = True) -> pd.DataFrame:
     """Run a configured experiment (see `batch_invariance`)."""
-    chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls)
+    chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls, cfg.strict_backends)
     opts = cfg.build_options()
     arch = cfg.arch or detect(cfg.device).arch
     kv = opts.kv_dtype if cfg.op in ATTENTION_OPS else None

@@ -27,25 +27,30 @@ OUTPUT_NAMES = {
 STATE_NAMES = {"state": "state", "delta_state": "state", "conv_state": "conv_state"}
 
 
-def select_backends(op: str, requested: str | Sequence[str] | None = None, include_controls: bool = True):
+def select_backends(
+    op: str, requested: str | Sequence[str] | None = None, include_controls: bool = True, strict: bool = True
+):
     """The backends an experiment runs for `op`, in the registry's order.
 
     Args:
         op: the op.
-        requested: None or "all" for every registered backend; else names (each must be registered).
+        requested: None or "all" for every registered backend; else names.
         include_controls: add the op's batch-variant controls (`routing.controls(op)`) if not named.
+        strict: a requested name that is not a backend of `op` raises; when False it is skipped
+            (a list of names shared by several ops).
 
     Returns:
         A list of routing.Backend.
 
     Raises:
-        ValueError: a requested name is not a backend of `op` (the message lists the registered ones).
+        ValueError: (strict) a requested name is not a backend of `op`; the message lists the registered ones.
     """
     if requested is None or requested == "all":
         chosen = [b for b in routing.backends(op) if not b.variant_control]
     else:
         names = [requested] if isinstance(requested, str) else list(requested)
-        chosen = [routing.get(op, n) for n in names]
+        registered = set(routing.backend_names(op))
+        chosen = [routing.get(op, n) for n in names if strict or n in registered]
     if include_controls:
         chosen += [c for c in routing.controls(op) if c.name not in {b.name for b in chosen}]
     return chosen

@@ -123,6 +123,29 @@ def parity_bars(df: pd.DataFrame, title: str = "Fused vs unfused chain (relative
     return fig
 
 
+ROUTING_STATES = ["auto picks", "runs", "not covered", "unavailable"]
+
+
+@_styled
+def routing_heatmap(table: pd.DataFrame, title: str = "Backends on a small call per op") -> Figure:
+    """One cell per (op, backend): auto picks / runs / not covered / unavailable (blank: not registered)."""
+    codes = table.assign(code=table.state.map({s: i for i, s in enumerate(ROUTING_STATES)}))
+    grid = codes.pivot_table(index="op", columns="backend", values="code", aggfunc="first", sort=False)
+    labels = codes.pivot_table(index="op", columns="backend", values="state", aggfunc="first", sort=False)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * grid.shape[1] + 2), 1.0 + 0.5 * grid.shape[0]))
+    palette = sns.color_palette(["#2da44e", "#9be9a8", "#f2cc60", "#d0d7de"])
+    sns.heatmap(
+        grid, annot=labels.reindex_like(grid).fillna(""), fmt="", cmap=palette, vmin=-0.5, vmax=3.5,
+        cbar=False, linewidths=0.5, ax=ax, annot_kws={"fontsize": 7},
+    )  # fmt: skip
+    ax.set_xlabel("")
+    ax.set_ylabel("")
+    ax.set_title(title)
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    fig.tight_layout()
+    return fig
+
+
 @_styled
 def dispatch_heatmaps(df: pd.DataFrame, title: str = "AITER dispatch: predicted against measured") -> Figure:
     """One panel per AITER backend: target length x batch size, colored by how the bits met the rule.

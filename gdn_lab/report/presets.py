@@ -92,7 +92,7 @@ def load(name: str | os.PathLike, preset_dir: Path = PRESET_DIR) -> Preset:
     )
 
 
-def notebook_parameters(preset: str | Preset, notebook: str, **given: Any) -> dict[str, Any]:
+def notebook_parameters(preset: str | Preset, notebook: str, /, **given: Any) -> dict[str, Any]:
     """What a notebook runs with: the preset's values for the keys it declares, then `given`.
 
     Args:

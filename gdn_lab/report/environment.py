@@ -1,0 +1,62 @@
+"""Where am I, and which backends run here: the fingerprint and the routing of one small call per op."""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from gdn_lab import routing
+from gdn_lab.device import fingerprint
+from gdn_lab.experiments.common import hardware_note
+
+
+def fingerprint_table(device: torch.device | str) -> pd.DataFrame:
+    """The environment fingerprint as a two-column table (key, value)."""
+    return pd.DataFrame([{"key": k, "value": str(v)} for k, v in fingerprint(device).items()])
+
+
+def routing_table(device: torch.device | str, dtype: torch.dtype = torch.float32) -> pd.DataFrame:
+    """`routing.explain` of every registered op on its small example call (gdn_lab.ops.EXAMPLES).
+
+    Ops without an example are explained for availability only (covered is then empty).
+
+    Returns:
+        One row per (op, backend): available, covered, auto, variant_control, chosen (what auto
+        runs), reason, description, and `state`: "auto picks", "runs", "not covered", "unavailable".
+    """
+    from gdn_lab.ops import EXAMPLES
+
+    rows = []
+    for op in routing.ops():
+        example = EXAMPLES.get(op)
+        args = example(device=device, dtype=dtype) if example is not None else None
+        rows.extend(routing.explain(op, args))
+    df = pd.DataFrame(rows)
+    df["state"] = [
+        "auto picks" if r.chosen else ("runs" if r.covered else ("not covered" if r.available else "unavailable"))
+        for r in df.itertuples()
+    ]
+    return df
+
+
+def headline(table: pd.DataFrame, platform: str) -> str:
+    """One line: how many backends run here, and what auto picks per op."""
+    runs = table[table.state.isin(["auto picks", "runs"])]
+    picks = ", ".join(
+        f"{r.op}: {r.backend}{hardware_note(r.backend, [platform])}" for r in table[table.chosen].itertuples()
+    )
+    return f"{len(runs)} of {len(table)} registered backends run here on a small call; auto picks {picks}"
+
+
+def conclusion(table: pd.DataFrame, platform: str) -> str:
+    """Markdown: per op, what auto picks and why each other backend does not run."""
+    lines = ["## Conclusion", ""]
+    for op, part in table.groupby("op", sort=False):
+        chosen = part[part.chosen]
+        pick = chosen.backend.iloc[0] if not chosen.empty else "nothing"
+        lines.append(f"**{op}**: auto picks **{pick}**.")
+        for r in part[~part.chosen].itertuples():
+            kind = " (batch-variant control)" if r.variant_control else ""
+            lines.append(f"- {r.backend}{kind}{hardware_note(r.backend, [platform])}: {r.state}: {r.reason}")
+        lines.append("")
+    return "\n".join(lines)
