@@ -299,14 +299,14 @@ class Bench:
         mod = self.kernels()
         B, ctx, d = fields["B"], fields["ctx"], fields["D"]
         if impl == "triton":
-            cfg = mod.decode_config(d, args["k_cache"].dtype)
+            cfg = mod.decode_config(d, args["q"].dtype, args["k_cache"].dtype)
 
             def fn():
                 return mod.decode_attention_triton(**args, max_seq_len=ctx)
 
             extra = {"config": _cfg(cfg), "splits": -(-ctx // mod.PARTITION_SIZE)}
         else:
-            cfg = mod.decode_config(d, args["k_cache"].dtype)
+            cfg = mod.decode_config(d, args["q"].dtype, args["k_cache"].dtype)
             sms = self.fp["num_sms"]
 
             def fn():

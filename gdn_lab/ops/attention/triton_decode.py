@@ -9,14 +9,15 @@ Two launches, as AITER's paged_attention_ragged:
    l_p and its unnormalised output o_p to a float32 workspace. Programs whose partition starts at
    or beyond the request's length exit at once.
 2. `_decode_reduce_kernel`, grid (B, Hq): one program merges one request's partitions for one
-   query head: M = max_p m_p, w_p = exp2(m_p - M), out = sum_p w_p o_p / sum_p w_p l_p.
+   query head: M = max_p m_p, w_p = exp2(m_p - M), out = sum_p w_p o_p / sum_p w_p l_p, in one
+   pass over chunks of BP partitions (a running max rescales the sums between chunks).
 
 Why the result of `decode_attention_triton` cannot depend on the batch: a partition is the
 request's absolute positions p*256 .. p*256+255 and its blocks sit at fixed offsets inside it; a
 program only reads its own request; the tile configuration is a function of (head_dim, dtypes)
 alone; the reduce visits the request's partitions in a fixed order (chunks of BP partitions in
 sequence, a fixed-shape tree inside a chunk; positions past the request's last partition add
-exact zeros); and no kernel receives an integer that depends on the batch and could change its
+exact zeros; BP depends on D only); and no kernel receives an integer that depends on the batch and could change its
 compilation (the workspace's partition extent is not specialised on).
 
 The control `decode_attention_splitk_by_batch` runs the same two kernels, but each request is cut
@@ -45,7 +46,7 @@ from gdn_lab.ops.triton_common import dot_precision, pow2_at_least
 from gdn_lab.ops.triton_support import interpreting
 
 PARTITION_SIZE = 256  # tokens per partition, AITER paged_attention_ragged's T_PAR_SIZE
-_REDUCE_TILE = 4096  # partitions x head-dim elements the reduce loads at once
+_REDUCE_TILE = 8192  # partitions x head-dim elements the reduce loads at once (64 for D = 128)
 
 
 @dataclass(frozen=True)
@@ -63,25 +64,39 @@ class DecodeConfig:
     num_stages: int
 
 
-# Fixed per (head-dim tile, fp8 cache) on the GPU: a KV block of block_n tokens is 16-32 KB of
-# K plus the same of V, enough bytes in flight per program to stream the cache at full bandwidth.
+# Fixed per (head-dim tile, operand kind) on the GPU, chosen from sm_90 compiles (Triton's AOT path:
+# no spills, 2-5 programs per SM by registers and shared memory) so that each SM keeps 64-320 KB
+# of K/V loads in flight through the 3-stage cp.async pipeline; `--sweep` in
+# benchmarks/bench_decode_attention.py times the alternatives on the H200.
+# The kinds: "16bit" (bf16/fp16 cache and operands), "fp8" (an e4m3 cache widened to the
+# query's 16-bit dtype), "fp32" (float32 operands: IEEE FMA products, which hold whole operand
+# tiles in registers: one stage and 8 warps keep them from spilling).
 _GPU_CONFIGS = {
-    (64, False): DecodeConfig(64, 4, 2),
-    (128, False): DecodeConfig(64, 4, 2),
-    (256, False): DecodeConfig(32, 4, 2),
-    (64, True): DecodeConfig(128, 4, 2),
-    (128, True): DecodeConfig(64, 4, 2),
-    (256, True): DecodeConfig(64, 4, 2),
+    (64, "16bit"): DecodeConfig(64, 4, 3),
+    (128, "16bit"): DecodeConfig(64, 4, 3),
+    (256, "16bit"): DecodeConfig(64, 8, 3),
+    (64, "fp8"): DecodeConfig(64, 4, 3),
+    (128, "fp8"): DecodeConfig(64, 4, 3),
+    (256, "fp8"): DecodeConfig(64, 8, 3),
+    (64, "fp32"): DecodeConfig(32, 8, 1),
+    (128, "fp32"): DecodeConfig(32, 8, 1),
+    (256, "fp32"): DecodeConfig(32, 8, 1),
 }
 _INTERPRETER_CONFIG = DecodeConfig(64, 1, 1)
 
 
-def decode_config(head_dim: int, kv_dtype: torch.dtype) -> DecodeConfig:
-    """The partition kernel's fixed configuration for a head dim and cache dtype."""
+def operand_kind(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> str:
+    """ "fp32", "fp8" or "16bit": what the kernel's tl.dot operands are (see `dot_precision`)."""
+    if dot_precision(q_dtype, kv_dtype).dtype == tl.float32:
+        return "fp32"
+    return "fp8" if kv_dtype.itemsize == 1 else "16bit"
+
+
+def decode_config(head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> DecodeConfig:
+    """The partition kernel's fixed configuration for a head dim and the query and cache dtypes."""
     if interpreting():
         return _INTERPRETER_CONFIG
-    bd = max(64, pow2_at_least(head_dim))
-    return _GPU_CONFIGS[(bd, kv_dtype.itemsize == 1)]
+    return _GPU_CONFIGS[(max(64, pow2_at_least(head_dim)), operand_kind(q_dtype, kv_dtype))]
 
 
 @triton.jit
@@ -212,22 +227,24 @@ def _decode_reduce_kernel(
     o_d = tl.arange(0, BD)
     m_d = o_d < D
 
-    # The max is exact in any order; the sums below run over chunks p0 = 0, BP, 2*BP, ...
+    # One pass over chunks p0 = 0, BP, 2*BP, ... in order, rescaling the running sums to the
+    # running max (a request with at most BP partitions is one chunk: no rescale at all).
     b_max = float("-inf")
-    for p0 in range(0, n_parts, BP):
-        b_m = tl.load(ws_m_ptr + base + p0 + o_p, mask=p0 + o_p < n_parts, other=float("-inf"))
-        b_max = tl.maximum(b_max, tl.max(b_m, 0))
     b_den = 0.0
     b_num = tl.zeros([BD], tl.float32)
     for p0 in range(0, n_parts, BP):
         m_p = p0 + o_p < n_parts
         b_m = tl.load(ws_m_ptr + base + p0 + o_p, mask=m_p, other=float("-inf"))
         b_l = tl.load(ws_l_ptr + base + p0 + o_p, mask=m_p, other=0.0)
-        b_w = tl.exp2(b_m - b_max)
-        b_den += tl.sum(b_l * b_w, 0)
-        p_o = ws_o_ptr + (base + p0 + o_p)[:, None] * D + o_d[None, :]
-        b_o = tl.load(p_o, mask=m_p[:, None] & m_d[None, :], other=0.0)
-        b_num += tl.sum(b_o * b_w[:, None], 0)
+        b_o = tl.load(
+            ws_o_ptr + (base + p0 + o_p)[:, None] * D + o_d[None, :], mask=m_p[:, None] & m_d[None, :], other=0.0
+        )
+        b_max_new = tl.maximum(b_max, tl.max(b_m, 0))
+        alpha = tl.exp2(b_max - b_max_new)
+        b_w = tl.exp2(b_m - b_max_new)
+        b_den = b_den * alpha + tl.sum(b_l * b_w, 0)
+        b_num = b_num * alpha + tl.sum(b_o * b_w[:, None], 0)
+        b_max = b_max_new
     p_out = out_ptr + i_b.to(tl.int64) * stride_ob + i_h * stride_oh + o_d
     tl.store(p_out, (b_num / b_den).to(out_ptr.dtype.element_ty), mask=m_d)
 
@@ -276,7 +293,7 @@ def _launch(
         out, seq_lens, ws_o, ws_m, ws_l, num_splits=num_splits, max_parts=num_parts,
         stride_ob=out.stride(0), stride_oh=out.stride(1),
         HQ=HQ, D=D, PARTITION=partition, BD=bd, BP=max(1, _REDUCE_TILE // bd),
-        num_warps=4 if not interpreting() else 1,
+        num_warps=1 if interpreting() else 8,
     )  # fmt: skip
     return out
 
@@ -316,14 +333,14 @@ def decode_attention_triton(
         max_seq_len: an upper bound of max(seq_lens), which sizes the grid's partition axis. None
             reads it from the device (one host synchronisation); pass it to capture a CUDA graph
             (extra partitions exit at once; the result does not depend on the bound).
-        config: the partition kernel's configuration; None takes `decode_config(D, kv dtype)`.
+        config: the partition kernel's configuration; None takes `decode_config(D, q dtype, cache dtype)`.
             An override is for tuning (benchmarks): a different block_n changes the bits.
 
     Returns:
         [B, Hq, D] in q's dtype.
     """
     num_parts = triton.cdiv(_max_len(seq_lens, max_seq_len), PARTITION_SIZE)
-    cfg = config or decode_config(q.shape[2], k_cache.dtype)
+    cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype)
     return _launch(
         q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale,
         num_parts=num_parts, partition=PARTITION_SIZE, num_splits=1, config=cfg,
@@ -403,7 +420,7 @@ def decode_attention_splitk_by_batch(
     max_len = _max_len(seq_lens, max_seq_len)
     sms = detect(q.device).num_sms if num_sms is None else num_sms
     splits = splits_for_batch(q.shape[0], k_cache.shape[2], q.shape[2], max_len, sms)
-    cfg = config or decode_config(q.shape[2], k_cache.dtype)
+    cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype)
     return _launch(
         q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale,
         num_parts=splits, partition=0, num_splits=splits, config=cfg,

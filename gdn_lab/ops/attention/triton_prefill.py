@@ -10,7 +10,7 @@ same request does not change a row either.
 
 The control `prefill_attention_tiles_by_batch` picks its KV block from the batch, as CK's
 batch-prefill dispatcher picks a small tile when the batch under-fills the GPU (aiter_contracts.md
-§2.3): a KV block of BN // 2 tokens when B * Hq * ceil(max_q / 128) < 0.8 * num_SMs. A different
+§2.3): another KV block (BN // 2, or 2 * BN from 16) when B * Hq * ceil(max_q / 128) < 0.8 * num_SMs. A different
 KV block moves the online-softmax rescaling points, so the float32 order changes with the batch.
 """
 
@@ -50,18 +50,28 @@ class PrefillConfig:
     num_stages: int
 
 
-_GPU_CONFIGS = {64: PrefillConfig(64, 64, 4, 2), 128: PrefillConfig(64, 64, 4, 2), 256: PrefillConfig(64, 32, 8, 2)}
+# Per (head-dim tile, float32 operands) on the GPU, checked spill-free in sm_90 compiles; float32
+# (IEEE FMA) products hold whole operand tiles in registers, hence the small tiles and one stage.
+_GPU_CONFIGS = {
+    (64, False): PrefillConfig(64, 64, 4, 2),
+    (128, False): PrefillConfig(64, 64, 4, 2),
+    (256, False): PrefillConfig(64, 32, 8, 2),
+    (64, True): PrefillConfig(32, 32, 8, 1),
+    (128, True): PrefillConfig(16, 16, 4, 1),
+    (256, True): PrefillConfig(16, 16, 4, 1),
+}
 _INTERPRETER_CONFIG = PrefillConfig(32, 64, 1, 1)
 
 CK_TILE_ROWS = 128  # kM0 of CK's default batch-prefill tile, the unit of its occupancy count
 CK_MIN_CU_UTIL = 0.8
 
 
-def prefill_config(head_dim: int) -> PrefillConfig:
-    """The prefill kernel's fixed tiles for a head dim."""
+def prefill_config(head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> PrefillConfig:
+    """The prefill kernel's fixed tiles for a head dim and the query and cache dtypes."""
     if interpreting():
         return _INTERPRETER_CONFIG
-    return _GPU_CONFIGS[max(64, pow2_at_least(head_dim))]
+    fp32 = dot_precision(q_dtype, kv_dtype).dtype == tl.float32
+    return _GPU_CONFIGS[(max(64, pow2_at_least(head_dim)), fp32)]
 
 
 @triton.jit
@@ -219,7 +229,7 @@ def prefill_attention_triton(
     """
     return _launch(
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, seq_lens, page_size, causal, scale, k_scale, v_scale,
-        max_q_len=_max_q_len(qo_indptr, max_q_len), config=prefill_config(q.shape[2]),
+        max_q_len=_max_q_len(qo_indptr, max_q_len), config=prefill_config(q.shape[2], q.dtype, k_cache.dtype),
     )  # fmt: skip
 
 
@@ -248,7 +258,8 @@ def prefill_attention_tiles_by_batch(
     """Batch-VARIANT control: prefill whose KV tile follows the batch, as CK's batch prefill does.
 
     This is a deliberately batch-variant control, not a kernel to use. When the batch under-fills
-    the GPU (`ck_small_tile`: B * Hq * ceil(max_q / 128) < 0.8 * num_sms) the KV block halves, which
+    the GPU (`ck_small_tile`: B * Hq * ceil(max_q / 128) < 0.8 * num_sms) the KV block halves (or
+    doubles, from 16), which
     changes the online softmax's rescaling points and so a request's bits. CK applies its rule to
     head_dim 128 bf16/fp16 only; the control applies it to every call, so it can prove sensitivity.
 
@@ -262,9 +273,10 @@ def prefill_attention_tiles_by_batch(
     """
     mq = _max_q_len(qo_indptr, max_q_len)
     sms = detect(q.device).num_sms if num_sms is None else num_sms
-    cfg = prefill_config(q.shape[2])
+    cfg = prefill_config(q.shape[2], q.dtype, k_cache.dtype)
     if ck_small_tile(seq_lens.shape[0], q.shape[1], mq, sms):
-        cfg = replace(cfg, block_n=cfg.block_n // 2)
+        # Another KV block; tl.dot needs at least 16, so the smallest block doubles instead.
+        cfg = replace(cfg, block_n=cfg.block_n // 2 if cfg.block_n >= 32 else 2 * cfg.block_n)
     return _launch(
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, seq_lens, page_size, causal, scale, k_scale, v_scale,
         max_q_len=mq, config=cfg,

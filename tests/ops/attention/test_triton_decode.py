@@ -139,3 +139,16 @@ def test_bad_grid_bound(attention_args):
     args = attention_args(OP, [(5, 0)], (2, 1, 64))
     with pytest.raises(ValueError, match="max_seq_len"):
         run(**args, max_seq_len=0)
+
+
+def test_reduce_across_chunks(attention_args, device, monkeypatch):
+    """The reduce's running-max rescale between chunks of partitions (BP = 2 here; 32+ on a GPU)."""
+    from gdn_lab.ops.attention import triton_decode
+
+    monkeypatch.setattr(triton_decode, "_REDUCE_TILE", 128)  # BP = 128 // 64 = 2 partitions
+    heads = (4, 2, 64)
+    args = attention_args(OP, [(1100, 0), (300, 1), (513, 2)], heads, placement_seed=2, device=device)
+    out = get(OP, "triton").run(**args)
+    torch.testing.assert_close(out, reference.decode_attention_torch(**args), atol=1e-5, rtol=1e-5)
+    alone = attention_args(OP, [(1100, 0)], heads, device=device)
+    assert torch.equal(get(OP, "triton").run(**alone)[0], out[0])
