@@ -26,9 +26,9 @@ from gdn_lab.rules import flydsl_gdr_decode
 # The fixed config. k_split 8 mirrors FlyDSL's untuned default (WARP_THREADS_K = 8). block_v and
 # num_warps only tile V, but stay fixed so that the register layout of every K reduction is the
 # same for every batch. One warp over an [8, K] tile (like fla's decode) keeps each reduction inside
-# the warp (no barriers), needs 64 registers at K = 128, so 32 programs fit on an SM, and each
-# warp-wide load is one contiguous 512-byte row of the VK state (sm_90 AOT compile: 16-byte
-# vector loads and stores, no spills). benchmarks/bench_gdn_decode.py sweeps the alternatives.
+# the warp, needs 64 registers at K = 128 (so 32 programs fit on an SM), and each warp-wide load
+# is one contiguous 512-byte row of the VK state (sm_90 AOT compiles with Triton 3.6 and 3.9:
+# 16-byte vector loads and stores, no spills). benchmarks/bench_gdn_decode.py sweeps the rest.
 DEFAULT_K_SPLIT = 8
 DEFAULT_BLOCK_V = 8
 DEFAULT_NUM_WARPS = 1
@@ -55,13 +55,13 @@ def _gdn_decode_kernel(
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    NV: tl.constexpr,
     KS: tl.constexpr,
+    KC: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     EPS: tl.constexpr,
     SOFTPLUS_T: tl.constexpr,
 ):
-    NV: tl.constexpr = (V + BV - 1) // BV
-    KC: tl.constexpr = BK // KS
     i_pid = tl.program_id(0)
     i_v = i_pid % NV
     i_bh = i_pid // NV
@@ -69,8 +69,10 @@ def _gdn_decode_kernel(
     i_b = i_bh // HV
     i_hk = i_hv // (HV // HK)
 
-    # K is seen as [KS, KC]: partial sum s covers elements s*KC .. s*KC + KC - 1.
-    o_k = tl.arange(0, KS)[:, None] * KC + tl.arange(0, KC)[None, :]
+    # K is seen as [KS, KC]: partial sum s covers elements s*KC .. s*KC + KC - 1. q and k are
+    # loaded as [1, KS, KC], in the state tile's own layout: a 2-D load broadcast later costs a
+    # layout conversion and, with Triton 3.6, 109 instead of 64 registers at K = 128.
+    o_k = (tl.arange(0, KS)[:, None] * KC + tl.arange(0, KC)[None, :])[None, :, :]
     m_k = o_k < K
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
@@ -79,16 +81,16 @@ def _gdn_decode_kernel(
     live = slot >= 0
     # A padding row (negative slot) masks off every state row: nothing is read or written.
     m_live = o_v < tl.where(live, V, 0)
-    p_h = state + slot * (HV * V * K) + i_hv * (V * K) + o_v[:, None, None] * K + o_k[None, :, :]
-    m_h = m_live[:, None, None] & m_k[None, :, :]
+    p_h = state + slot * (HV * V * K) + i_hv * (V * K) + o_v[:, None, None] * K + o_k
+    m_h = m_live[:, None, None] & m_k
     b_h = tl.load(p_h, mask=m_h, other=0.0)
 
     b_q = tl.load(q + i_b * (HK * K) + i_hk * K + o_k, mask=m_k, other=0.0).to(tl.float32)
     b_k = tl.load(k + i_b * (HK * K) + i_hk * K + o_k, mask=m_k, other=0.0).to(tl.float32)
     b_v = tl.load(v + i_b * (HV * V) + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)
     if USE_QK_L2NORM:
-        b_q = b_q * tl.rsqrt(tl.sum(tl.sum(b_q * b_q, axis=1), axis=0) + EPS)
-        b_k = b_k * tl.rsqrt(tl.sum(tl.sum(b_k * b_k, axis=1), axis=0) + EPS)
+        b_q = b_q * tl.rsqrt(tl.sum(tl.sum(tl.sum(b_q * b_q, axis=2), axis=1), axis=0) + EPS)
+        b_k = b_k * tl.rsqrt(tl.sum(tl.sum(tl.sum(b_k * b_k, axis=2), axis=1), axis=0) + EPS)
     b_q = b_q * scale
 
     b_x = tl.load(a + i_b * HV + i_hv).to(tl.float32) + tl.load(dt_bias + i_hv).to(tl.float32)
@@ -97,10 +99,10 @@ def _gdn_decode_kernel(
     b_beta = tl.sigmoid(tl.load(b + i_b * HV + i_hv).to(tl.float32))
 
     b_h = b_h * tl.exp(b_g)
-    b_hk = tl.sum(tl.sum(b_h * b_k[None, :, :], axis=2), axis=1)  # [BV]
+    b_hk = tl.sum(tl.sum(b_h * b_k, axis=2), axis=1)  # [BV]: KS partial sums, then combined
     b_u = b_beta * (b_v - b_hk)
-    b_h = b_h + b_u[:, None, None] * b_k[None, :, :]
-    b_o = tl.sum(tl.sum(b_h * b_q[None, :, :], axis=2), axis=1)  # [BV]
+    b_h = b_h + b_u[:, None, None] * b_k
+    b_o = tl.sum(tl.sum(b_h * b_q, axis=2), axis=1)  # [BV]
 
     tl.store(p_h, b_h, mask=m_h)
     b_o = tl.where(live, b_o, 0.0)
@@ -180,7 +182,8 @@ def gdn_decode_triton(
     out = torch.empty((B, HV, V), dtype=q.dtype, device=q.device)
     if B == 0:
         return out
-    _gdn_decode_kernel[(B * HV * -(-V // BV),)](
+    NV = -(-V // BV)  # V tiles per head
+    _gdn_decode_kernel[(B * HV * NV,)](
         q=q.contiguous(),
         k=k.contiguous(),
         v=v.contiguous(),
@@ -198,7 +201,9 @@ def gdn_decode_triton(
         V=V,
         BK=BK,
         BV=BV,
+        NV=NV,
         KS=k_split,
+        KC=BK // k_split,
         USE_QK_L2NORM=use_qk_l2norm,
         EPS=L2NORM_EPS,
         SOFTPLUS_T=SOFTPLUS_THRESHOLD,
