@@ -1,0 +1,450 @@
+"""Benchmark GDN prefill: the fused Triton layer against the unfused chains, the chunked Triton delta rule against fla.
+
+Qwen3-Next at TP4: HK/HV = 4/8, K = V = 128, conv width 4, bf16 activations, fp32 states, fp8 on;
+T in 1k, 4k, 16k total tokens, split into 1, 4 or 16 equal-length sequences (varlen, cu_seqlens).
+
+gdn_layer_prefill (conv1d + split + gates + L2 norm + delta rule + gated RMSNorm + group-128 fp8):
+- `triton-fused`: ours, three launches, conv and delta states updated in place;
+- `torch-chain`: the lab's unfused torch reference (Python loops over sequences and chunks), timed
+  ONCE per shape after one warm-up call at the first shape (`timing` = "once"): do_bench would take
+  minutes at 16k tokens;
+- `fla-chain` (fla installed): fla's causal_conv1d (varlen, initial/final state) + fla's
+  chunk_gated_delta_rule (gates, beta sigmoid and L2 norm in kernel, V-first state) + fla's
+  rms_norm_gated, with torch for the q/k/v split, the state gathers/scatters and the fp8 quantization.
+gdn_prefill (the delta rule alone, raw a/b gates, VK state pool):
+- `triton`: ours (chunk 64); `torch` (once, as above);
+- `fla-chunk`: chunk_gated_delta_rule with the same in-kernel gates, L2 norm and V-first state;
+- `fla-recurrent`: fused_recurrent_gated_delta_rule, same flags: the token-by-token kernel, the data
+  point for chunked vs recurrent prefill.
+The fla calls include the gather of the initial states from the pool and the scatter of the final
+ones (what the op contract requires), and run with FLA_DISABLE_BACKEND_DISPATCH=1 as the lab's fla
+backend does.
+
+Columns: `us` (do_bench median on the GPU, one call on the CPU), `tokens_per_s`, `speedup_vs_unfused`
+(the torch chain's or torch reference's us / this us) and `speedup_vs_fla` (fla-chain's or
+fla-chunk's us / this us), parity against the torch reference on fresh states (`max_abs_vs_ref`,
+`rel_mae_vs_ref` of the output, `state_max_abs_vs_ref` of the delta state), and an `invariance`
+section: one target alone vs inside a batch of 16, bitwise (`bitwise_equal`), for ours and the
+controls (which must differ). Every row carries the environment fingerprint (`env_*`).
+
+    python3 benchmarks/bench_gdn_prefill.py --out OUT_DIR          # the H200 run (~2-3 minutes)
+    python3 benchmarks/bench_gdn_prefill.py --out OUT_DIR --smoke  # tiny shapes, CPU interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")  # read when fla is imported (see gated_delta_rule/fla.py)
+
+CSV_NAME = "bench_gdn_prefill.csv"
+COLUMNS = [
+    "kind",
+    "op",
+    "impl",
+    "tokens",
+    "batch",
+    "seq_len",
+    "HK",
+    "HV",
+    "head_dim",
+    "dtype",
+    "us",
+    "timing",
+    "tokens_per_s",
+    "speedup_vs_unfused",
+    "speedup_vs_fla",
+    "max_abs_vs_ref",
+    "rel_mae_vs_ref",
+    "state_max_abs_vs_ref",
+    "bitwise_equal",
+    "n_diff",
+    "max_abs",
+    "note",
+]
+LAYER, PREFILL = "gdn_layer_prefill", "gdn_prefill"
+
+
+@dataclass(frozen=True)
+class Shape:
+    hk: int
+    hv: int
+    d: int
+    width: int = 4
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="directory for bench_gdn_prefill.csv")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), seconds")
+    p.add_argument("--tokens", default=None, help="total tokens, e.g. 1024,4096,16384")
+    p.add_argument("--batches", default=None, help="sequences per batch (equal lengths), e.g. 1,4,16")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.tokens = [int(t) for t in (args.tokens or ("64" if args.smoke else "1024,4096,16384")).split(",")]
+    args.batches = [int(b) for b in (args.batches or ("1,2" if args.smoke else "1,4,16")).split(",")]
+    args.shape = Shape(1, 2, 64) if args.smoke else Shape(4, 8, 128)
+    return args
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+def _sequences(lengths: list[int], seed: int, make: Callable[[torch.Generator, int], list[torch.Tensor]]):
+    """Per-sequence tensors from per-sequence seeds (seed + index), concatenated or stacked field by field.
+
+    A sequence's content depends only on its seed and length, so a target placed first in a batch is
+    the same request as the target alone.
+    """
+    per = [make(torch.Generator().manual_seed(seed + i), n) for i, n in enumerate(lengths)]
+    return [torch.cat([p[f] for p in per]) for f in range(len(per[0]))]
+
+
+def layer_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torch.bfloat16) -> dict[str, Any]:
+    """Validated gdn_layer_prefill arguments: slots 0..N-1, initial states on, fp8 on (the device's format)."""
+    from gdn_lab.device import detect
+    from gdn_lab.ops.gdn_layer import layer_prefill
+
+    hk, hv, d, w = shape.hk, shape.hv, shape.d, shape.width
+    n, conv_dim = len(lengths), 2 * hk * d + hv * d
+
+    def sequence(g, length):
+        return [
+            torch.randn(length, hk * (2 * d + 2 * (hv // hk) * d), generator=g).to(dtype),
+            torch.randn(length, 2 * hv, generator=g).to(dtype),
+            torch.randn(1, conv_dim, w - 1, generator=g).to(dtype),
+            0.1 * torch.randn(1, hv, d, d, generator=g),
+        ]
+
+    qkvz, ba, conv_state, delta_state = (x.to(device) for x in _sequences(lengths, seed, sequence))
+    g = torch.Generator().manual_seed(seed - 1)  # the layer's weights, shared by every sequence
+
+    def weight(*size, scale=1.0, dt=dtype):
+        return (scale * torch.randn(*size, generator=g)).to(device=device, dtype=dt)
+
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return layer_prefill.validate(
+        qkvz, ba, conv_state, delta_state, torch.arange(n, dtype=torch.int32, device=device), cu,
+        torch.ones(n, dtype=torch.bool, device=device), weight(conv_dim, w, scale=0.5), weight(conv_dim, scale=0.1),
+        weight(hv, dt=torch.float32), weight(hv, dt=torch.float32), weight(d, scale=0.1) + 1.0,
+        num_k_heads=hk, num_v_heads=hv, head_dim=d, quantize_fp8=True, fp8_dtype=detect(device).fp8_dtype,
+    )  # fmt: skip
+
+
+def prefill_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torch.bfloat16) -> dict[str, Any]:
+    """Validated gdn_prefill arguments: raw gates, slots 0..N-1 of a pool of random states."""
+    from gdn_lab.ops.gated_delta_rule import prefill
+
+    hk, hv, d = shape.hk, shape.hv, shape.d
+
+    def sequence(g, length):
+        return [
+            *(torch.randn(length, h, d, generator=g).to(dtype) for h in (hk, hk, hv)),
+            *(torch.randn(length, hv, generator=g).to(dtype) for _ in range(2)),
+            0.1 * torch.randn(1, hv, d, d, generator=g),
+        ]
+
+    q, k, v, a, b, state = (x.to(device) for x in _sequences(lengths, seed, sequence))
+    g = torch.Generator().manual_seed(seed - 1)
+    A_log, dt_bias = (torch.randn(hv, generator=g).to(device) for _ in range(2))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    slots = torch.arange(len(lengths), dtype=torch.int32, device=device)
+    return prefill.validate(q, k, v, a, b, A_log, dt_bias, cu, state, slots)
+
+
+def fresh(args: dict[str, Any]) -> dict[str, Any]:
+    """A copy whose state pools are private (the calls update them in place)."""
+    return {k: v.clone() if k in ("state", "conv_state", "delta_state") else v for k, v in args.items()}
+
+
+# --- fla chains ----------------------------------------------------------------------------------
+
+
+def fla_available() -> tuple[bool, str]:
+    if importlib.util.find_spec("fla") is None:
+        return False, "fla-core not installed"
+    if not torch.cuda.is_available():
+        return False, "fla's chunk kernels need a GPU"
+    return True, ""
+
+
+def fla_delta_rule(kernel: str, q, k, v, a, b, A_log, dt_bias, cu64, state, slots, scale):
+    """fla's delta rule on [T, H, D] inputs with raw gates; state[slots] is the initial state and receives the final."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+    fn = chunk_gated_delta_rule if kernel == "chunk" else fused_recurrent_gated_delta_rule
+    o, final = fn(
+        q=q[None], k=k[None], v=v[None], g=a[None], beta=b[None], scale=scale, initial_state=state[slots],
+        output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
+        dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, state_v_first=True, cu_seqlens=cu64,
+    )  # fmt: skip
+    state[slots] = final
+    return o[0]
+
+
+def fla_prefill(kernel: str, args: dict[str, Any]) -> Callable[[], torch.Tensor]:
+    cu64, slots = args["cu_seqlens"].long(), args["slots"].long()
+    keys = ("q", "k", "v", "a", "b", "A_log", "dt_bias")
+
+    def run():
+        return fla_delta_rule(kernel, *(args[k] for k in keys), cu64, args["state"], slots, args["scale"])
+
+    return run
+
+
+def fla_layer(args: dict[str, Any]) -> Callable[[], tuple]:
+    """The unfused chain on fla's kernels: conv1d, split, delta rule, gated RMSNorm (+ torch glue, fp8)."""
+    import torch.nn.functional as F
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.modules.norm.fused_norm_gate import rms_norm_gated
+
+    from gdn_lab.ops.gdn_layer.reference import FP8_GROUP, split_qkvz
+    from gdn_lab.quant import quantize_groups
+
+    hk, hv, d = args["num_k_heads"], args["num_v_heads"], args["head_dim"]
+    cu64, slots = args["cu_seqlens"].long(), args["cache_indices"].long()
+    keep = args["has_initial_state"][:, None, None]
+
+    def run():
+        T = args["projected_qkvz"].shape[0]
+        q, k, v, z, b, a = split_qkvz(args["projected_qkvz"], args["projected_ba"], hk, hv, d)
+        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=1)
+        history = F.pad(args["conv_state"][slots] * keep, (1, 0))  # fla's conv state holds W inputs
+        y, final = causal_conv1d(
+            mixed[None], weight=args["conv_weight"], bias=args["conv_bias"], initial_state=history,
+            output_final_state=True, activation="silu", cu_seqlens=cu64,
+        )  # fmt: skip
+        args["conv_state"][slots] = final[..., 1:].to(args["conv_state"].dtype)
+        qc, kc, vc = y[0].split([hk * d, hk * d, hv * d], dim=1)
+        o = fla_delta_rule(
+            "chunk", qc.reshape(T, hk, d), kc.reshape(T, hk, d), vc.reshape(T, hv, d), a, b, args["A_log"],
+            args["dt_bias"], cu64, args["delta_state"], slots, d**-0.5,
+        )  # fmt: skip
+        normalized = rms_norm_gated(
+            o.reshape(T * hv, d), z.reshape(T * hv, d), args["norm_weight"], None, activation="swish", eps=args["eps"]
+        ).reshape(T, hv, d)
+        quantized, scales = quantize_groups(normalized.reshape(T, -1), args["fp8_dtype"], FP8_GROUP)
+        return normalized, quantized, scales
+
+    return run
+
+
+# --- timing and comparison -----------------------------------------------------------------------
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def call_once(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    """(microseconds, result) of one synchronised call."""
+    sync(device)
+    start = time.perf_counter()
+    result = fn()
+    sync(device)
+    return 1e6 * (time.perf_counter() - start), result
+
+
+def do_bench_us(fn: Callable[[], object]) -> float:
+    import triton.testing
+
+    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def first_output(result):
+    return result[0] if isinstance(result, tuple) else result
+
+
+def parity(out, state, ref_out, ref_state) -> dict[str, float]:
+    diff = (out.float() - ref_out.float()).abs()
+    return {
+        "max_abs_vs_ref": float(diff.max()),
+        "rel_mae_vs_ref": float(diff.mean() / ref_out.float().abs().mean()),
+        "state_max_abs_vs_ref": float((state - ref_state).abs().max()),
+    }
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        from gdn_lab.device import fingerprint
+
+        self.args = args
+        self.device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+        self.env = {f"env_{k}": v for k, v in fingerprint(self.device).items()}
+        self.rows: list[dict[str, Any]] = []
+        self.fla_ok, self.fla_reason = fla_available()
+
+    def row(self, **kw: Any) -> None:
+        s = self.args.shape
+        base = {"HK": s.hk, "HV": s.hv, "head_dim": s.d, "dtype": "bfloat16"}
+        self.rows.append({**base, **kw, **self.env})
+
+    def impls(self, op: str, args: dict[str, Any]) -> dict[str, tuple[Callable[[dict], Callable[[], Any]], bool]]:
+        """name -> (make a call on given args, timed once)."""
+        from gdn_lab.routing import get
+
+        def backend(name):
+            run = get(op, name).run
+            return lambda a: lambda: run(**a)
+
+        if op == LAYER:
+            out = {"torch-chain": (backend("torch"), True), "triton-fused": (backend("triton-fused"), False)}
+            if self.fla_ok:
+                out["fla-chain"] = (fla_layer, False)
+        else:
+            out = {"torch": (backend("torch"), True), "triton": (backend("triton"), False)}
+            if self.fla_ok:
+                out["fla-chunk"] = (lambda a: fla_prefill("chunk", a), False)
+                out["fla-recurrent"] = (lambda a: fla_prefill("recurrent", a), False)
+        return out
+
+    def timing(self, op: str, tokens: int, batch: int) -> None:
+        lengths = [tokens // batch] * batch
+        make = layer_inputs if op == LAYER else prefill_inputs
+        args = make(lengths, self.args.shape, self.device, self.args.seed)
+        state_key = "delta_state" if op == LAYER else "state"
+        impls = self.impls(op, args)
+        results: dict[str, dict[str, Any]] = {}
+        reference = None
+        for name, (factory, once) in impls.items():
+            try:
+                results[name] = self.measure(factory, once, args, state_key, reference)
+            except Exception as exc:  # one failing implementation (say fla's API moved) must not lose the rest
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                print(f"{op} {name} T={tokens} B={batch}: {results[name]['error']}", file=sys.stderr)
+                continue
+            reference = reference or results[name]  # the torch reference comes first
+        unfused = results["torch-chain" if op == LAYER else "torch"].get("us")
+        fla = results.get("fla-chain" if op == LAYER else "fla-chunk", {}).get("us")
+        for name, r in results.items():
+            common = {
+                "kind": "timing",
+                "op": op,
+                "impl": name,
+                "tokens": tokens,
+                "batch": batch,
+                "seq_len": tokens // batch,
+            }
+            if "error" in r:
+                self.row(**common, note=r["error"])
+                continue
+            self.row(
+                **common, us=r["us"], timing=r["timing"], tokens_per_s=tokens / (r["us"] * 1e-6),
+                speedup_vs_unfused=(unfused / r["us"]) if unfused else "", speedup_vs_fla=(fla / r["us"]) if fla else "",
+                max_abs_vs_ref=r["max_abs_vs_ref"], rel_mae_vs_ref=r["rel_mae_vs_ref"],
+                state_max_abs_vs_ref=r["state_max_abs_vs_ref"], note="" if self.fla_ok else self.fla_reason,
+            )  # fmt: skip
+
+    def measure(self, factory, once: bool, args: dict[str, Any], state_key: str, reference: dict | None) -> dict:
+        """Parity of a first call on fresh states against `reference` (itself when None), then the timing.
+
+        On the GPU the first call also compiles and warms up, and the timing is a second measurement;
+        on the CPU the first call is the measurement.
+        """
+        mine = fresh(args)
+        us, out = call_once(factory(mine), self.device)
+        result = {"out": first_output(out), "state": mine[state_key]}
+        if self.device.type != "cuda":
+            timing = "once, on the CPU (Triton interpreter)"
+        elif once:
+            us, timing = call_once(factory(fresh(args)), self.device)[0], "once (Python loops; not do_bench)"
+        else:
+            us, timing = do_bench_us(factory(fresh(args))), "do_bench median"
+        ref = reference or result
+        return {
+            **result,
+            "us": us,
+            "timing": timing,
+            **parity(result["out"], result["state"], ref["out"], ref["state"]),
+        }
+
+    def invariance(self, op: str, target: int, mates: list[int]) -> None:
+        """One target alone vs first in a batch with `mates`: bitwise, for ours and the control."""
+        from gdn_lab.routing import get
+
+        make = layer_inputs if op == LAYER else prefill_inputs
+        names = ("triton-fused", "triton-fused-tiles-by-batch") if op == LAYER else ("triton", "triton-chunk-by-batch")
+        alone = make([target], self.args.shape, self.device, self.args.seed)
+        batched = make([target, *mates], self.args.shape, self.device, self.args.seed)  # the same target, first
+        for name in names:
+            common = {"kind": "invariance", "op": op, "impl": name, "tokens": target + sum(mates)}
+            common.update(batch=1 + len(mates), seq_len=target)
+            note = "control: must differ" if "by-batch" in name else "must be equal"
+            try:
+                results = self.target_comparisons(get(op, name).run, op, alone, batched, target)
+            except Exception as exc:  # recorded, so that the timings already measured are written
+                self.row(**common, note=f"{note}; error: {type(exc).__name__}: {exc}")
+                continue
+            self.row(
+                **common, bitwise_equal=all(r["bitwise_equal"] for r in results),
+                n_diff=sum(r["n_diff"] for r in results), max_abs=max(r["max_abs"] for r in results), note=note,
+            )  # fmt: skip
+
+    @staticmethod
+    def target_comparisons(run, op: str, alone: dict, batched: dict, target: int) -> list[dict]:
+        """compare() of every output's target rows and of the target's state slots, alone vs batched."""
+        from gdn_lab.experiments.compare import compare
+
+        a, b = fresh(alone), fresh(batched)
+        outs_a, outs_b = run(**a), run(**b)
+        pairs = list(zip(outs_a, outs_b)) if op == LAYER else [(outs_a, outs_b)]
+        pairs = [(x, y[:target]) for x, y in pairs]  # the target's rows
+        pairs += [(a[key][0], b[key][0]) for key in ("state", "delta_state", "conv_state") if key in a]
+        return [compare(x, y) for x, y in pairs]
+
+    def write(self) -> Path:
+        out = Path(self.args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / CSV_NAME
+        fields = COLUMNS + sorted(self.env)
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=".bench_gdn_prefill.", suffix=".csv")
+        with os.fdopen(fd, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            w.writeheader()
+            for r in self.rows:
+                w.writerow({k: r.get(k, "") for k in fields})
+        os.replace(tmp, path)
+        return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.smoke and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+    bench = Bench(args)
+    for op in (LAYER, PREFILL):
+        for tokens in args.tokens:
+            for batch in args.batches:
+                bench.timing(op, tokens, batch)
+                r = [x for x in bench.rows if x["op"] == op and x["tokens"] == tokens and x["batch"] == batch]
+                print(
+                    f"{op:18s} T={tokens:6d} B={batch:3d}  "
+                    + "  ".join(f"{x['impl']}={x.get('us') or float('nan'):.0f}us" for x in r if x["kind"] == "timing"),
+                    flush=True,
+                )
+    # the controls chunk by 64 alone and by 32 in these batches (5 sequences; 16 sequences, <= 3071 tokens)
+    target, mates = (40, [7, 30, 3, 12]) if args.smoke else (1000, [100] * 15)
+    for op in (LAYER, PREFILL):
+        bench.invariance(op, target, mates)
+    for r in bench.rows:
+        if r["kind"] == "invariance":
+            print(f"invariance {r['op']:18s} {r['impl']:28s} bitwise_equal={r['bitwise_equal']}  ({r['note']})")
+    print(f"wrote {bench.write()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

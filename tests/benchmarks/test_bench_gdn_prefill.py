@@ -1,0 +1,35 @@
+"""benchmarks/bench_gdn_prefill.py --smoke: the whole script on tiny shapes (CPU interpreter)."""
+
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_smoke(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_gdn_prefill.py"), "--smoke", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=300, capture_output=True)
+    with (tmp_path / "bench_gdn_prefill.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert all(r["env_torch"] and r["env_triton_interpret"] == "True" for r in rows)
+    timing = [r for r in rows if r["kind"] == "timing"]
+    assert {(r["op"], r["impl"]) for r in timing} >= {
+        ("gdn_layer_prefill", "triton-fused"),
+        ("gdn_layer_prefill", "torch-chain"),
+        ("gdn_prefill", "triton"),
+        ("gdn_prefill", "torch"),
+    }
+    assert all(float(r["us"]) > 0 and float(r["tokens_per_s"]) > 0 for r in timing)
+    ours = [r for r in timing if r["impl"].startswith("triton")]
+    assert all(float(r["rel_mae_vs_ref"]) < 1e-2 and float(r["state_max_abs_vs_ref"]) < 1e-4 for r in ours)
+    inv = {r["impl"]: r["bitwise_equal"] for r in rows if r["kind"] == "invariance"}
+    assert inv["triton-fused"] == "True" and inv["triton"] == "True"
+    assert inv["triton-fused-tiles-by-batch"] == "False" and inv["triton-chunk-by-batch"] == "False"
