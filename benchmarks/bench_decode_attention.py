@@ -414,17 +414,20 @@ class Bench:
         return self.write()
 
     def write(self) -> Path:
-        out = Path(self.args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        columns = COLUMNS + [f"env_{k}" for k in self.fp]
-        fd, tmp = tempfile.mkstemp(dir=out, suffix=".csv.tmp")
-        with os.fdopen(fd, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=columns)
-            w.writeheader()
-            w.writerows(self.rows)
-        path = out / CSV_NAME
-        os.replace(tmp, path)
-        return path
+        return write_csv(self.rows, COLUMNS + [f"env_{k}" for k in self.fp], Path(self.args.out), CSV_NAME)
+
+
+def write_csv(rows: list[dict], columns: list[str], out: Path, name: str) -> Path:
+    """Write rows to out/name atomically (a temporary file, then os.replace)."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out, suffix=".csv.tmp")
+    with os.fdopen(fd, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    path = out / name
+    os.replace(tmp, path)
+    return path
 
 
 def _cfg(cfg) -> str:

@@ -1,0 +1,26 @@
+"""benchmarks/bench_matmul.py --smoke: the whole script on tiny shapes (CPU interpreter)."""
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_matmul", ROOT / "benchmarks" / "bench_matmul.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
+    with (tmp_path / "bench_matmul.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    timing = [r for r in rows if r["kind"] == "timing"]
+    assert {(r["impl"], r["M"]) for r in timing} == {("triton", "1"), ("torch", "1"), ("triton", "33"), ("torch", "33")}
+    assert all(r["status"] == "ok" and float(r["us"]) > 0 and r["env_torch"] for r in timing)
+    assert all(r["ratio_vs_torch"] for r in timing if r["impl"] == "triton")
+    inv = {r["impl"]: r["bitwise_equal"] for r in rows if r["kind"] == "invariance"}
+    assert inv["triton"] == "True"
+    assert inv["torch"] == "False"  # float32 on the CPU: a 1-row call takes another path (see matmul_native)
