@@ -41,6 +41,16 @@ def covered(args: Mapping[str, Any]) -> Check:
     return True, "fused Triton decode step, fixed k_split"
 
 
+def covered_control(args: Mapping[str, Any]) -> Check:
+    """As `covered`; the reason names the control."""
+    ok, reason = covered(args)
+    return (
+        (ok, "CONTROL: the Triton step with k_split from FlyDSL's tuned table for this batch size")
+        if ok
+        else (ok, reason)
+    )
+
+
 register(
     Backend(
         OP,
@@ -58,7 +68,7 @@ register(
         "triton-ksplit-by-batch",
         lazy(KERNELS, "gdn_decode_triton_ksplit_by_batch"),
         available=available,
-        covered=covered,
+        covered=covered_control,
         priority=PRIORITY_TRITON,
         auto=False,
         variant_control=True,
