@@ -44,11 +44,9 @@ def covered(args: Mapping[str, Any]) -> Check:
 def covered_control(args: Mapping[str, Any]) -> Check:
     """As `covered`; the reason names the control."""
     ok, reason = covered(args)
-    return (
-        (ok, "CONTROL: the Triton step with k_split from FlyDSL's tuned table for this batch size")
-        if ok
-        else (ok, reason)
-    )
+    if ok:
+        reason = "CONTROL: the Triton step with k_split from FlyDSL's tuned table for this batch size"
+    return ok, reason
 
 
 register(
