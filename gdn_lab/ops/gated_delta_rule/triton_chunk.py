@@ -230,7 +230,7 @@ def _input_tile(
     return t
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
 def _prepare_kernel(
     q,
     k,
@@ -398,7 +398,7 @@ def _state_kernel(
     tl.store(p_state, b_S)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
 def _output_kernel(
     qs,
     ks,
