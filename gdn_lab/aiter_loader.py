@@ -66,11 +66,12 @@ INSTALL_HINT = "pip install 'gdn_lab[aiter-triton]' (or: pip install --no-deps a
 # Launch options only Triton's HIP backend knows; the CUDA backend raises on them.
 AMD_ONLY_LAUNCH_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 
-# The kernel modules the lab calls, by short name.
+# The kernel modules the lab calls, by short name: where amd-aiter 0.1.7 has them, then where
+# later aiter versions moved them (aiter/ops/triton/attention/).
 KERNEL_MODULES = {
-    "pa_decode": "aiter.ops.triton.pa_decode",
-    "unified_attention": "aiter.ops.triton.unified_attention",
-    "mha": "aiter.ops.triton.mha",
+    "pa_decode": ("aiter.ops.triton.pa_decode", "aiter.ops.triton.attention.pa_decode"),
+    "unified_attention": ("aiter.ops.triton.unified_attention", "aiter.ops.triton.attention.unified_attention"),
+    "mha": ("aiter.ops.triton.mha", "aiter.ops.triton.attention.mha"),
 }
 
 _ARCH_INFO = "aiter.ops.triton.utils._triton.arch_info"
@@ -429,11 +430,11 @@ def load(kernel: str, arch: str | None = None) -> ModuleType:
         # No CU answer while importing: a module that imports get_num_sms by name would keep it.
         triton_only = _env("AITER_TRITON_ONLY", "1") if loaded.route == ROUTE_TRITON_ONLY else contextlib.nullcontext()
         with triton_only, shims(arch):
-            module = importlib.import_module(KERNEL_MODULES[kernel])
+            module = _import_first(KERNEL_MODULES[kernel])
     except Exception as exc:
         _forget(_new_modules(before))
         reason = (
-            f"aiter {p.version} via {loaded.route}: {KERNEL_MODULES[kernel]} does not import here "
+            f"aiter {p.version} via {loaded.route}: {' / '.join(KERNEL_MODULES[kernel])} does not import here "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         )
         _STATE.failures[key] = reason
@@ -441,6 +442,17 @@ def load(kernel: str, arch: str | None = None) -> ModuleType:
     loaded.added.extend(_new_modules(before))
     loaded.modules[kernel] = module
     return module
+
+
+def _import_first(names: tuple[str, ...]) -> ModuleType:
+    """Import the first of `names` that exists (a missing one is skipped, any other error raised)."""
+    for name in names[:-1]:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not name.startswith(exc.name):
+                raise
+    return importlib.import_module(names[-1])
 
 
 def loaded() -> Loaded | None:
@@ -473,7 +485,12 @@ def kernel_available(kernel: str, device: torch.device | str | None = None) -> t
     except ValueError as exc:
         return False, str(exc)
     route = _STATE.loaded.route if _STATE.loaded else p.route
-    return True, f"aiter {p.version} ({route}), {why}"
+    other = (
+        ""
+        if (p.version or "").split("+")[0] == WRITTEN_AGAINST
+        else f"; the lab's rules were read from {WRITTEN_AGAINST}"
+    )
+    return True, f"aiter {p.version} ({route}){other}, {why}"
 
 
 # --- shims ----------------------------------------------------------------------------------

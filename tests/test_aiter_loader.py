@@ -243,6 +243,19 @@ def test_failed_triton_only_import_falls_back_to_the_bypass_and_says_so(fresh_lo
 
 
 @pytest.mark.skipif(bool(torch.version.hip), reason="ROCm takes the official route")
+def test_later_aiter_layout_is_found(fresh_loader, tmp_path, monkeypatch):
+    _fake_aiter(tmp_path, "")
+    old = tmp_path / "aiter/ops/triton/pa_decode.py"
+    new = tmp_path / "aiter/ops/triton/attention/pa_decode.py"
+    new.parent.mkdir()
+    (new.parent / "__init__.py").write_text("")
+    old.rename(new)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert aiter_loader.load("pa_decode", "gfx950").__name__ == "aiter.ops.triton.attention.pa_decode"
+
+
+@pytest.mark.skipif(bool(torch.version.hip), reason="ROCm takes the official route")
 def test_a_kernel_that_does_not_import_is_a_remembered_reason(fresh_loader, tmp_path, monkeypatch):
     _fake_aiter(tmp_path, "")
     (tmp_path / "aiter/ops/triton/mha.py").write_text("raise ValueError('incompatible triton')\n")
