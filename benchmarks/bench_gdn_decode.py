@@ -223,8 +223,10 @@ class Bench:
     def _load_fla(self):
         try:
             from gdn_lab.ops.gated_delta_rule import fla as lab_fla  # sets FLA_DISABLE_BACKEND_DISPATCH=1
-        except ImportError as exc:
-            print(f"fla not importable ({exc}): the fla rows are skipped", file=sys.stderr)
+        except Exception as exc:  # not installed (rows skipped), or broken on this stack (an error row too)
+            print(f"fla not importable ({type(exc).__name__}: {exc}): the fla rows are skipped", file=sys.stderr)
+            if not (isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "fla"):
+                self.row(kind="error", impl="fla import", note=f"{type(exc).__name__}: {exc}"[:500])
             return None
         fn = lab_fla.fused_recurrent_gated_delta_rule
         self.fla_gate_ok = "use_gate_in_kernel" in inspect.signature(fn).parameters
