@@ -75,7 +75,7 @@ CASES = [
         1, 2, 16, (1, 5, 63, 64, 65, 130), [3, 0, 5, -1, 1, 2], [True, False, True, True, False, True],
         False, None, True, id="hk1-hv2-d16-edges-pad",
     ),
-    pytest.param(2, 4, 32, (2, 70), [1, 0], [True, True], True, torch.float8_e4m3fn, False, id="hk2-hv4-d32-e4m3fn-nobias"),
+    pytest.param(4, 4, 32, (2, 70), [1, 0], [True, True], True, torch.float8_e4m3fn, False, id="hk4-hv4-d32-e4m3fn-nobias"),
     pytest.param(1, 8, 16, (66, 3), [0, 1], [False, True], True, torch.float8_e4m3fnuz, True, id="hk1-hv8-d16-e4m3fnuz"),
 ]  # fmt: skip
 
