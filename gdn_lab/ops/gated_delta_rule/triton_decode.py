@@ -156,10 +156,10 @@ def gdn_decode_triton(
         use_qk_l2norm: L2-normalize q and k in the kernel.
         k_split: how many partial sums each K reduction is split into (a power of two up to the
             padded K); None takes the fixed default (8, or the padded K when K < 8). Another
-            value changes the floating-point order of h.k, h.q and the L2 norms. With the default
-            tile at K = 128, 1 and 32 give one order (four elements per lane, then a 32-lane
-            butterfly; sm_90 PTX of Triton 3.6 and 3.9, and the interpreter alike), so the
-            distinct orders are 1 (= 32), 2, 4, 8 and 16.
+            value changes the floating-point order of h.k, h.q and the L2 norms. On the GPU, with
+            the default tile at K = 128, 1 and 32 compile to one order (four elements per lane,
+            then a 32-lane butterfly; sm_90 PTX of Triton 3.6 and 3.9), so the distinct orders
+            there are 1 (= 32), 2, 4, 8 and 16; in the interpreter 1 equals the padded K instead.
         block_v: V rows per program (a power of two); with num_warps it only tiles V, but it can
             change the register layout of the reductions, so keep it fixed across batches.
         num_warps: warps per program (a power of two up to 32).
