@@ -27,7 +27,8 @@ Cases whose cache would exceed --max-gb are rows with status `skipped` and the r
 Beside the timings the CSV has `invariance` rows: a 4000-token target alone vs among 63
 batchmates of 1..8000 tokens (shuffled pages), for `triton` (must be bitwise equal) and the
 control (expected to differ), per shape, page size and KV dtype. `--sweep` adds a configuration
-sweep of the partition kernel at B=64, ctx=4k (for tuning its fixed per-(D, dtype) table).
+sweep of the partition kernel (block_n 32/64/128 x warps 4/8 x stages 2/3) at B = 1 (ctx 1k and
+4k), 8 and 64 (ctx 4k), for choosing its fixed per-(D, dtype) table (about 2-3 more minutes).
 Every row carries the environment fingerprint (`env_*`). Run from the repository root:
 
     python3 benchmarks/bench_decode_attention.py --out OUT_DIR            # the H200 run
@@ -375,30 +376,33 @@ class Bench:
                 )  # fmt: skip
 
     def sweep(self, hq: int, hkv: int, d: int) -> None:
-        """Partition-kernel configurations at B=64, ctx=4k (tuning input for the fixed table)."""
+        """Partition-kernel configurations at B = 1, 8, 64 (tuning input for the fixed table)."""
         mod = self.kernels()
-        B, ctx = (3, 320) if self.args.smoke else (64, 4096)
-        case = Case(B, ctx, hq, hkv, d, self.device, self.args.seed)
-        grid = [(64, 4, 1)] if self.args.smoke else itertools.product((32, 64, 128), (4, 8), (2, 3))
-        for kv in self.args.kv_dtypes:
-            k, v = (case.k.to(self.fp8), case.v.to(self.fp8)) if kv == "fp8" else (case.k, case.v)
-            one = torch.ones(1, device=self.device) if kv == "fp8" else None
-            args = case.paged(16, k, v, one, one)
-            nbytes = case.kv_bytes(k.element_size()) + case.qo_bytes()
+        cases = [(3, 320)] if self.args.smoke else [(1, 1024), (1, 4096), (8, 4096), (64, 4096)]
+        grid = [(64, 4, 1)] if self.args.smoke else list(itertools.product((32, 64, 128), (4, 8), (2, 3)))
+        for B, ctx in cases:
+            case = Case(B, ctx, hq, hkv, d, self.device, self.args.seed)
             base = {"kind": "sweep", "impl": "triton", "Hq": hq, "Hkv": hkv, "D": d, "B": B, "ctx": ctx}
-            for bn, warps, stages in grid:
-                cfg = mod.DecodeConfig(bn, warps, stages)
-                fields = dict(base, kv_dtype=kv, page_size=16, config=_cfg(cfg), bytes=nbytes)
-                try:
-                    us, _ = time_call(
-                        lambda cfg=cfg, args=args: mod.decode_attention_triton(**args, max_seq_len=ctx, config=cfg),
-                        self.device,
-                        self.args.rep_ms,
-                    )
-                except Exception as exc:
-                    self.row(status="error", note=_err(exc), **fields)
-                    continue
-                self.row(status="ok", us=us, **self.bandwidth(nbytes, us), **fields)
+            for kv in self.args.kv_dtypes:
+                k, v = (case.k.to(self.fp8), case.v.to(self.fp8)) if kv == "fp8" else (case.k, case.v)
+                one = torch.ones(1, device=self.device) if kv == "fp8" else None
+                args = case.paged(16, k, v, one, one)
+                nbytes = case.kv_bytes(k.element_size()) + case.qo_bytes()
+                for bn, warps, stages in grid:
+                    cfg = mod.DecodeConfig(bn, warps, stages)
+                    fields = dict(base, kv_dtype=kv, page_size=16, config=_cfg(cfg), bytes=nbytes)
+                    try:
+                        us, _ = time_call(
+                            lambda cfg=cfg, args=args, ctx=ctx: mod.decode_attention_triton(
+                                **args, max_seq_len=ctx, config=cfg
+                            ),
+                            self.device,
+                            self.args.rep_ms,
+                        )
+                    except Exception as exc:
+                        self.row(status="error", note=_err(exc), **fields)
+                        continue
+                    self.row(status="ok", us=us, **self.bandwidth(nbytes, us), **fields)
 
     def run(self) -> Path:
         for hq, hkv, d in self.args.shapes:

@@ -65,18 +65,19 @@ class DecodeConfig:
 
 
 # Fixed per (head-dim tile, operand kind) on the GPU, chosen from sm_90 compiles (Triton's AOT path:
-# no spills, 2-5 programs per SM by registers and shared memory) so that each SM keeps 64-320 KB
-# of K/V loads in flight through the 3-stage cp.async pipeline; `--sweep` in
-# benchmarks/bench_decode_attention.py times the alternatives on the H200.
+# no spills, 2-5 programs per SM by registers and shared memory): the 3-stage cp.async pipeline
+# has the partition's next 128-256 tokens in flight, so a small batch (few programs) waits about
+# one memory latency per partition and a large one keeps 100-400 KB of K/V loads in flight per SM.
+# `--sweep` in benchmarks/bench_decode_attention.py times the alternatives on the H200.
 # The kinds: "16bit" (bf16/fp16 cache and operands), "fp8" (an e4m3 cache widened to the
 # query's 16-bit dtype), "fp32" (float32 operands: IEEE FMA products, which hold whole operand
 # tiles in registers: one stage and 8 warps keep them from spilling).
 _GPU_CONFIGS = {
-    (64, "16bit"): DecodeConfig(64, 4, 3),
-    (128, "16bit"): DecodeConfig(64, 4, 3),
+    (64, "16bit"): DecodeConfig(128, 4, 3),
+    (128, "16bit"): DecodeConfig(128, 8, 3),
     (256, "16bit"): DecodeConfig(64, 8, 3),
     (64, "fp8"): DecodeConfig(64, 4, 3),
-    (128, "fp8"): DecodeConfig(64, 4, 3),
+    (128, "fp8"): DecodeConfig(128, 8, 3),
     (256, "fp8"): DecodeConfig(64, 8, 3),
     (64, "fp32"): DecodeConfig(32, 8, 1),
     (128, "fp32"): DecodeConfig(32, 8, 1),
