@@ -13,9 +13,9 @@ partitions probe the edges. For each backend and context the target is compared 
 Example:
     >>> df = partition_edges(backends=["torch", "torch-partitioned"], contexts=[255, 257], device="cpu",
     ...                      dtype="float32", attention={"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 16},
-    ...                      max_context=300, batch_size=3, progress=False)
-    >>> df[["backend", "target_len", "partitions", "within_tolerance"]].values.tolist()[:2]
-    [['torch', 255, 1, True], ['torch', 257, 2, True]]
+    ...                      max_context=300, batch_size=3, include_controls=False, progress=False)
+    >>> df[["backend", "target_len", "partitions", "within_tolerance"]].values.tolist()[:3]
+    [['torch', 255, 1, True], ['torch-partitioned', 255, 1, True], ['torch', 257, 2, True]]
 """
 
 from __future__ import annotations

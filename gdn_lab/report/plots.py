@@ -9,20 +9,24 @@ import functools
 from collections.abc import Callable
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker as ticker
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
 
-def _styled(plot: Callable[..., Figure]) -> Callable[..., Figure]:
-    """Draw in seaborn's whitegrid style without changing the caller's global style."""
+def _styled(plot: Callable[..., Figure] | None = None, *, style: str = "whitegrid"):
+    """Draw in a seaborn style (heatmaps: "white", no grid) without changing the caller's global style."""
 
-    @functools.wraps(plot)
-    def wrapper(*args, **kwargs) -> Figure:
-        with sns.axes_style("whitegrid"), sns.plotting_context("notebook"):
-            return plot(*args, **kwargs)
+    def decorate(fn: Callable[..., Figure]) -> Callable[..., Figure]:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs) -> Figure:
+            with sns.axes_style(style), sns.plotting_context("notebook"):
+                return fn(*args, **kwargs)
 
-    return wrapper
+        return wrapper
+
+    return decorate(plot) if plot is not None else decorate
 
 
 def _empty(title: str, message: str) -> Figure:
@@ -33,7 +37,7 @@ def _empty(title: str, message: str) -> Figure:
     return fig
 
 
-@_styled
+@_styled(style="white")
 def mismatch_heatmap(df: pd.DataFrame, title: str = "Comparisons that changed bits") -> Figure:
     """Differing comparisons per (op, backend) row and (target length x batch size) column.
 
@@ -49,7 +53,7 @@ def mismatch_heatmap(df: pd.DataFrame, title: str = "Comparisons that changed bi
     order = done.drop_duplicates("case").sort_values(["target_len", "batch_size"]).case.tolist()
     grid = done.pivot_table(index="row", columns="case", values="differs", aggfunc="sum", sort=False)[order]
     height = 1.2 + 0.35 * len(grid)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(order) + 4), height))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(order) + 4), height))
     sns.heatmap(grid, annot=True, fmt=".0f", cmap="Reds", vmin=0, cbar=False, linewidths=0.5, ax=ax)
     ax.set_xlabel("target length × batch size")
     ax.set_ylabel("")
@@ -100,6 +104,12 @@ def error_vs_context(
         height=3.5, aspect=1.3, facet_kws={"sharey": True},
     )  # fmt: skip
     grid.set(xscale="log", yscale="log" if logy else "linear")
+    contexts = sorted(done.target_len.astype(int).unique())
+    for ax in grid.axes.flat:
+        ax.set_xticks(contexts)
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        plt.setp(ax.get_xticklabels(), rotation=45 if len(contexts) > 6 else 0)
     grid.set_axis_labels("context length (tokens)", y)
     if title:
         grid.figure.suptitle(title, y=1.02)
@@ -126,7 +136,7 @@ def parity_bars(df: pd.DataFrame, title: str = "Fused vs unfused chain (relative
 ROUTING_STATES = ["auto picks", "runs", "not covered", "unavailable"]
 
 
-@_styled
+@_styled(style="white")
 def routing_heatmap(table: pd.DataFrame, title: str = "Backends on a small call per op") -> Figure:
     """One cell per (op, backend): auto picks / runs / not covered / unavailable (blank: not registered)."""
     codes = table.assign(code=table.state.map({s: i for i, s in enumerate(ROUTING_STATES)}))

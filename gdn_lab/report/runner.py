@@ -300,8 +300,8 @@ def run_suite(
     overrides: Sequence[str] | Mapping[str, Any] | None = None,
     out: str | Path | None = None,
     archive_to: str | Path | None = None,
-    notebook_dir: Path = NOTEBOOK_DIR,
-    log: IO[str] = sys.stderr,
+    notebook_dir: Path | None = None,
+    log: IO[str] | None = None,
 ) -> Summary:
     """Run the suite (see the module docstring).
 
@@ -312,8 +312,8 @@ def run_suite(
             in every selected notebook that declares KEY.
         out: the run directory (default runs/<preset>-<time>/).
         archive_to: also pack the run directory into this .tar.gz at the end.
-        notebook_dir: where the notebooks are.
-        log: progress lines go here.
+        notebook_dir: where the notebooks are (default: the checkout's notebooks/).
+        log: progress lines go here (default: stderr).
 
     Returns:
         The Summary (also in <out>/summary.json); `summary.ok` says whether every notebook ran.
@@ -321,6 +321,8 @@ def run_suite(
     Raises:
         RunError: an unknown preset, notebook or parameter, before anything runs.
     """
+    log = log or sys.stderr
+    notebook_dir = notebook_dir or NOTEBOOK_DIR
     try:
         p = presets_mod.load(preset)
     except ValueError as exc:

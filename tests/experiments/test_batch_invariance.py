@@ -1,0 +1,207 @@
+"""Batch-invariance experiment: torch references are invariant, a known-variant backend is caught,
+the table is seeded and carries the contract columns, uncovered and failing backends are rows."""
+
+import doctest
+
+import pytest
+
+from gdn_lab import routing
+from gdn_lab.experiments import batch_invariance as bi
+from gdn_lab.experiments.table import COLUMNS
+from gdn_lab.ops.attention.reference import decode_attention_torch
+
+ATT = {"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 16}
+GDN = {"num_k_heads": 1, "num_v_heads": 2, "head_dim": 16}
+SMALL = dict(device="cpu", dtype="float32", max_context=40, progress=False, include_controls=False)
+
+
+@pytest.fixture
+def test_backends():
+    """Test-only decode_attention backends, removed afterwards: a batch-variant control (the output
+    moves by one ulp-ish step per extra request), an invariant 'control', one that covers nothing,
+    one that raises."""
+
+    def variant(**args):
+        out = decode_attention_torch(**args)
+        return out + 1e-3 * (args["q"].shape[0] - 1)
+
+    specs = [
+        routing.Backend("decode_attention", "test-variant", variant, auto=False, variant_control=True),
+        routing.Backend("decode_attention", "test-blind", decode_attention_torch, auto=False, variant_control=True),
+        routing.Backend(
+            "decode_attention", "test-uncovered", decode_attention_torch, covered=lambda a: (False, "test: never")
+        ),
+        routing.Backend("decode_attention", "test-raises", lambda **a: 1 / 0),
+    ]
+    for b in specs:
+        routing.register(b)
+    yield {b.name: b for b in specs}
+    for b in specs:
+        routing._REGISTRY["decode_attention"].pop(b.name)
+
+
+@pytest.mark.parametrize(
+    "op, extra",
+    [
+        ("decode_attention", {"attention": ATT, "targets": [1, 30]}),
+        ("prefill_attention", {"attention": ATT, "targets": [1, 9], "new_tokens": 4}),
+        ("gdn_decode", {"gdn": GDN}),
+        ("gdn_prefill", {"gdn": GDN, "targets": [1, 65]}),
+        ("gdn_layer_prefill", {"gdn": {**GDN, "head_dim": 64}, "targets": [3, 65], "quantize_fp8": True}),
+    ],
+)
+def test_torch_reference_is_bitwise_invariant(op, extra):
+    df = bi.batch_invariance(op, backends=["torch"], batch_sizes=[2, 5], **SMALL, **extra)
+    assert (df.status == "compared").all() and df.bitwise_equal.astype(bool).all()
+    expected = {
+        "decode_attention": {"out"},
+        "prefill_attention": {"out"},
+        "gdn_decode": {"out", "state"},
+        "gdn_prefill": {"out", "state"},
+        "gdn_layer_prefill": {"out", "fp8", "fp8_scales", "state", "conv_state"},
+    }[op]
+    assert set(df.tensor) == expected
+    targets = (1,) if op == "gdn_decode" else tuple(extra["targets"])
+    assert len(df) == len(targets) * 2 * len(expected)
+    assert (df.ref_max_abs == 0).all(), "the torch backend is the reference"
+
+
+def test_known_variant_control_is_caught_and_blind_control_flags_insensitive(test_backends):
+    caught = bi.batch_invariance(
+        "decode_attention", backends=["torch", "test-variant"], targets=[5], batch_sizes=[1, 3], attention=ATT, **SMALL
+    )
+    ctrl = caught[caught.backend == "test-variant"]
+    assert ctrl.is_control.all()
+    # batch size 1 is the target alone again: the control must match there and differ at 3
+    assert ctrl.set_index("batch_size").bitwise_equal.to_dict() == {1: True, 3: False}
+    assert ctrl[ctrl.batch_size == 3].max_abs.iloc[0] == pytest.approx(2e-3, rel=1e-3)
+    assert caught.control_caught.eq(True).all() and not caught.insensitive.any()
+    s = bi.summarize(caught).set_index("backend")
+    assert s.loc["test-variant", "verdict"] == "caught" and s.loc["torch", "verdict"] == "invariant"
+    assert "controls caught on 1/1 ops" in bi.headline(caught)
+
+    blind = bi.batch_invariance(
+        "decode_attention", backends=["torch", "test-blind"], targets=[5], batch_sizes=[3], attention=ATT, **SMALL
+    )
+    assert blind.insensitive.all() and blind.control_caught.eq(False).all()
+    assert bi.summarize(blind).set_index("backend").loc["test-blind", "verdict"] == "NOT caught"
+    assert "INSENSITIVE: decode_attention" in bi.headline(blind)
+    assert "NOT caught" in bi.conclusion(blind)
+
+
+def test_no_control_means_insensitive():
+    df = bi.batch_invariance("gdn_decode", backends=["torch"], batch_sizes=[2], gdn=GDN, **SMALL)
+    assert df.insensitive.all() and df.control_caught.isna().all()
+    assert "no batch-variant control ran" in bi.conclusion(df)
+
+
+def test_uncovered_and_failing_backends_are_rows_not_crashes(test_backends):
+    df = bi.batch_invariance(
+        "decode_attention",
+        backends=["test-uncovered", "test-raises", "torch"],
+        targets=[4],
+        batch_sizes=[2, 3],
+        attention=ATT,
+        **SMALL,
+    )
+    unc = df[df.backend == "test-uncovered"]
+    assert len(unc) == 2 and not unc.covered.any() and unc.reason.str.contains("test: never").all()
+    assert unc.backend_ran.isna().all() and unc.bitwise_equal.isna().all()
+    err = df[df.backend == "test-raises"]
+    assert (err.status == "error").all() and err.reason.str.contains("ZeroDivisionError").all()
+    s = bi.summarize(df).set_index("backend")
+    assert s.loc["test-uncovered", "verdict"] == "not covered" and s.loc["test-raises", "verdict"] == "error"
+    assert "errors: test-raises/decode_attention" in bi.headline(df)
+
+
+def test_same_seed_same_table_other_seed_other_batches():
+    kw = dict(backends=["torch"], targets=[7, 20], batch_sizes=[3, 4], trials=2, attention=ATT, **SMALL)
+    a = bi.batch_invariance("decode_attention", seed=3, **kw)
+    b = bi.batch_invariance("decode_attention", seed=3, **kw)
+    c = bi.batch_invariance("decode_attention", seed=4, **kw)
+    assert a.equals(b)
+    assert not a[["position", "batch_tokens"]].equals(c[["position", "batch_tokens"]])
+
+
+def test_contract_columns_and_environment():
+    df = bi.batch_invariance(
+        "decode_attention", backends=["torch"], targets=[3], batch_sizes=[2], attention=ATT, **SMALL
+    )
+    assert list(df.columns[: len(COLUMNS)]) == COLUMNS
+    assert set(bi.EXTRA_COLUMNS) <= set(df.columns)
+    row = df.iloc[0]
+    assert tuple(row[k] for k in ("op", "backend", "backend_ran", "dtype", "kv_dtype", "seed")) == (
+        "decode_attention",
+        "torch",
+        "torch",
+        "float32",
+        "float32",
+        0,
+    )
+    assert row.arch == "cpu" and row.platform == "cpu" and row.covered
+
+
+def test_fp8_kv_cache_rows_carry_the_emulated_arch():
+    df = bi.batch_invariance(
+        "decode_attention",
+        backends=["torch"],
+        targets=[9],
+        batch_sizes=[2],
+        kv_dtype="fp8",
+        arch="gfx942",
+        attention=ATT,
+        **SMALL,
+    )
+    assert df.kv_dtype.tolist() == ["float8_e4m3fnuz"] and df.arch.tolist() == ["gfx942"]
+    assert df.bitwise_equal.astype(bool).all()
+
+
+def test_states_are_private_per_run():
+    """GDN ops update states in place: alone and batched runs must each start from the same initial state."""
+    df = bi.batch_invariance("gdn_prefill", backends=["torch"], targets=[10], batch_sizes=[1, 2, 3], gdn=GDN, **SMALL)
+    assert df.bitwise_equal.astype(bool).all()
+
+
+def test_run_ops_shares_backend_lists_and_checks_overrides():
+    df = bi.run_ops(
+        ["decode_attention", "gdn_decode"],
+        {"gdn_decode": {"gdn": GDN}},
+        backends=["torch", "torch-partitioned"],
+        targets=[3],
+        batch_sizes=[2],
+        attention=ATT,
+        **SMALL,
+    )
+    assert set(zip(df.op, df.backend)) == {
+        ("decode_attention", "torch"),
+        ("decode_attention", "torch-partitioned"),
+        ("gdn_decode", "torch"),
+    }
+    with pytest.raises(ValueError, match="op_overrides: gdn_prefill not in ops"):
+        bi.run_ops(["gdn_decode"], {"gdn_prefill": {}}, **SMALL)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"targets": []}, "targets"),
+        ({"batch_sizes": [0]}, "batch_sizes"),
+        ({"trials": 0}, "trials"),
+        ({"backends": ["no-such-backend"]}, "accepted: auto"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"kv_dtype": "fp4"}, "kv_dtype"),
+    ],
+)
+def test_bad_parameters_fail_before_running(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        bi.batch_invariance("decode_attention", **{**SMALL, "attention": ATT, **kwargs})
+
+
+def test_unknown_op_is_rejected():
+    with pytest.raises(ValueError, match="op: 'mm'"):
+        bi.batch_invariance("mm", **SMALL)
+
+
+def test_docstring_example():
+    result = doctest.testmod(bi)
+    assert result.attempted > 0 and result.failed == 0
