@@ -102,13 +102,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- inputs ------------------------------------------------------------------------------------
 
 
-def _sequences(lengths: list[int], seed: int, make: Callable[[torch.Generator, int], list[torch.Tensor]]):
-    """Per-sequence tensors from per-sequence seeds (seed + index), concatenated or stacked field by field.
+def _sequences(lengths: list[int], seed: int, device, make: Callable[[torch.Generator, int], list[torch.Tensor]]):
+    """Per-sequence tensors from per-sequence seeds (seed + index), drawn on `device`, concatenated field by field.
 
     A sequence's content depends only on its seed and length, so a target placed first in a batch is
     the same request as the target alone.
     """
-    per = [make(torch.Generator().manual_seed(seed + i), n) for i, n in enumerate(lengths)]
+    per = [make(torch.Generator(device).manual_seed(seed + i), n) for i, n in enumerate(lengths)]
     return [torch.cat([p[f] for p in per]) for f in range(len(per[0]))]
 
 
@@ -122,13 +122,13 @@ def layer_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torc
 
     def sequence(g, length):
         return [
-            torch.randn(length, hk * (2 * d + 2 * (hv // hk) * d), generator=g).to(dtype),
-            torch.randn(length, 2 * hv, generator=g).to(dtype),
-            torch.randn(1, conv_dim, w - 1, generator=g).to(dtype),
-            0.1 * torch.randn(1, hv, d, d, generator=g),
+            torch.randn(length, hk * (2 * d + 2 * (hv // hk) * d), generator=g, device=device).to(dtype),
+            torch.randn(length, 2 * hv, generator=g, device=device).to(dtype),
+            torch.randn(1, conv_dim, w - 1, generator=g, device=device).to(dtype),
+            0.1 * torch.randn(1, hv, d, d, generator=g, device=device),
         ]
 
-    qkvz, ba, conv_state, delta_state = (x.to(device) for x in _sequences(lengths, seed, sequence))
+    qkvz, ba, conv_state, delta_state = _sequences(lengths, seed, device, sequence)
     g = torch.Generator().manual_seed(seed - 1)  # the layer's weights, shared by every sequence
 
     def weight(*size, scale=1.0, dt=dtype):
@@ -151,12 +151,12 @@ def prefill_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=to
 
     def sequence(g, length):
         return [
-            *(torch.randn(length, h, d, generator=g).to(dtype) for h in (hk, hk, hv)),
-            *(torch.randn(length, hv, generator=g).to(dtype) for _ in range(2)),
-            0.1 * torch.randn(1, hv, d, d, generator=g),
+            *(torch.randn(length, h, d, generator=g, device=device).to(dtype) for h in (hk, hk, hv)),
+            *(torch.randn(length, hv, generator=g, device=device).to(dtype) for _ in range(2)),
+            0.1 * torch.randn(1, hv, d, d, generator=g, device=device),
         ]
 
-    q, k, v, a, b, state = (x.to(device) for x in _sequences(lengths, seed, sequence))
+    q, k, v, a, b, state = _sequences(lengths, seed, device, sequence)
     g = torch.Generator().manual_seed(seed - 1)
     A_log, dt_bias = (torch.randn(hv, generator=g).to(device) for _ in range(2))
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
