@@ -321,12 +321,14 @@ class Bench:
         reference = None
         for name, (factory, once) in impls.items():
             try:
-                results[name] = self.measure(factory, once, args, state_key, reference)
+                is_reference = name in ("torch", "torch-chain")  # first in `impls`
+                results[name] = self.measure(factory, once, args, state_key, reference, is_reference)
             except Exception as exc:  # one failing implementation (say fla's API moved) must not lose the rest
                 results[name] = {"error": f"{type(exc).__name__}: {exc}"}
                 print(f"{op} {name} T={tokens} B={batch}: {results[name]['error']}", file=sys.stderr)
                 continue
-            reference = reference or results[name]  # the torch reference comes first
+            if is_reference:
+                reference = results[name]
         unfused = results["torch-chain" if op == LAYER else "torch"].get("us")
         fla = results.get("fla-chain" if op == LAYER else "fla-chunk", {}).get("us")
         for name, r in results.items():
@@ -348,8 +350,8 @@ class Bench:
                 state_max_abs_vs_ref=r["state_max_abs_vs_ref"], note="" if self.fla_ok else self.fla_reason,
             )  # fmt: skip
 
-    def measure(self, factory, once: bool, args: dict[str, Any], state_key: str, reference: dict | None) -> dict:
-        """Parity of a first call on fresh states against `reference` (itself when None), then the timing.
+    def measure(self, factory, once, args, state_key, reference: dict | None, is_reference: bool) -> dict:
+        """Parity of a first call on fresh states against `reference` (the torch run), then the timing.
 
         On the GPU the first call also compiles and warms up, and the timing is a second measurement;
         on the CPU the first call is the measurement.
@@ -363,13 +365,11 @@ class Bench:
             us, timing = call_once(factory(fresh(args)), self.device)[0], "once (Python loops; not do_bench)"
         else:
             us, timing = do_bench_us(factory(fresh(args))), "do_bench median"
-        ref = reference or result
-        return {
-            **result,
-            "us": us,
-            "timing": timing,
-            **parity(result["out"], result["state"], ref["out"], ref["state"]),
-        }
+        ref = result if reference is None else reference
+        gaps = parity(result["out"], result["state"], ref["out"], ref["state"])
+        if reference is None and not is_reference:  # the reference failed: nothing to compare with
+            gaps = dict.fromkeys(gaps, float("nan"))
+        return {**result, "us": us, "timing": timing, **gaps}
 
     def invariance(self, op: str, target: int, mates: list[int]) -> None:
         """One target alone vs first in a batch with `mates`: bitwise, for ours and the control."""
