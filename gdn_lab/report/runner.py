@@ -117,8 +117,8 @@ def plan(
     """Check every parameter against the notebooks' declarations; return what each notebook gets.
 
     Raises:
-        RunError: a preset entry for an unknown notebook, a preset parameter that no chosen notebook
-            declares, a notebook entry with a parameter that notebook lacks, or an override (-p) that
+        RunError: a preset entry for an unknown notebook, a preset parameter that no notebook of the
+            suite declares, a notebook entry with a parameter that notebook lacks, or an override (-p) that
             no chosen notebook declares. Messages list the accepted names.
     """
     unknown_nbs = sorted(set(preset.notebooks) - set(notebooks))
@@ -126,14 +126,16 @@ def plan(
         raise RunError(
             f"preset {preset.name}: notebooks {', '.join(unknown_nbs)} are not in the suite; accepted: {', '.join(notebooks)}"
         )
-    declared = {name: declared_parameters(notebooks[name]) for name in chosen}
-    everything = sorted(set().union(*[set(d) for d in declared.values()]))
-    for where, keys in (("preset parameters", preset.parameters), ("-p", overrides)):
-        unknown = sorted(set(keys) - set(everything))
+    declared = {name: declared_parameters(path) for name, path in notebooks.items()}
+    in_suite = sorted(set().union(*[set(d) for d in declared.values()]))
+    in_chosen = sorted(set().union(*[set(declared[n]) for n in chosen]))
+    for where, keys, accepted, scope in (
+        ("preset parameters", preset.parameters, in_suite, "the suite's notebooks"),
+        ("-p", overrides, in_chosen, "the selected notebooks"),
+    ):
+        unknown = sorted(set(keys) - set(accepted))
         if unknown:
-            raise RunError(
-                f"{where}: {', '.join(unknown)} not declared by the selected notebooks; accepted: {', '.join(everything)}"
-            )
+            raise RunError(f"{where}: {', '.join(unknown)} not declared by {scope}; accepted: {', '.join(accepted)}")
     plans = []
     for name in chosen:
         own = preset.notebooks.get(name, {})
