@@ -82,6 +82,7 @@ def trim_wheel(src: str | Path, out_dir: str | Path, keep: Sequence[str] = KEEP,
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zout:
             for n, d in files.items():
                 zout.writestr(n, d)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a wheel is read by whoever installs it
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

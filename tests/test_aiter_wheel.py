@@ -34,6 +34,7 @@ def wheel(tmp_path):
 def test_trim_keeps_the_package_and_rewrites_the_record(wheel, tmp_path):
     out = trim_wheel(wheel, tmp_path / "out")
     assert out.name == "amd_aiter-0.1.7.post2.dev18+trimmed-py3-none-any.whl"
+    assert out.stat().st_mode & 0o777 == 0o644
     info = "amd_aiter-0.1.7.post2.dev18+trimmed.dist-info"
     with zipfile.ZipFile(out) as z:
         names = set(z.namelist())
