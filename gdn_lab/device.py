@@ -143,7 +143,9 @@ def triton_mode(device: torch.device | str | None = None) -> tuple[str | None, s
     return None, "no GPU and TRITON_INTERPRET is not set (set TRITON_INTERPRET=1 to run Triton on the CPU)"
 
 
+@cache
 def _version(dist: str) -> str | None:
+    # importlib.metadata scans site-packages (~0.2 ms); routing asks on every call.
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
