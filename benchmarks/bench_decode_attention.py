@@ -27,8 +27,8 @@ Cases whose cache would exceed --max-gb are rows with status `skipped` and the r
 Beside the timings the CSV has `invariance` rows: a 4000-token target alone vs among 63
 batchmates of 1..8000 tokens (shuffled pages), for `triton` (must be bitwise equal) and the
 control (expected to differ), per shape, page size and KV dtype. `--sweep` adds a configuration
-sweep of the partition kernel (block_n 32/64/128 x warps 4/8 x stages 2/3) at B = 1 (ctx 1k and
-4k), 8 and 64 (ctx 4k), for choosing its fixed per-(D, dtype) table (about 2-3 more minutes).
+sweep of the partition kernel (block_n 32/64/128 x warps 4/8 x stages 2/3/4) at B = 1, 64 and
+256 (ctx 4k) and 8 (ctx 16k), for choosing its fixed per-(D, dtype) table (a few more minutes).
 Every row carries the environment fingerprint (`env_*`). Run from the repository root:
 
     python3 benchmarks/bench_decode_attention.py --out OUT_DIR            # the H200 run
@@ -376,10 +376,10 @@ class Bench:
                 )  # fmt: skip
 
     def sweep(self, hq: int, hkv: int, d: int) -> None:
-        """Partition-kernel configurations at B = 1, 8, 64 (tuning input for the fixed table)."""
+        """Partition-kernel configurations at B = 1, 8, 64, 256 (tuning input for the fixed table)."""
         mod = self.kernels()
-        cases = [(3, 320)] if self.args.smoke else [(1, 1024), (1, 4096), (8, 4096), (64, 4096)]
-        grid = [(64, 4, 1)] if self.args.smoke else list(itertools.product((32, 64, 128), (4, 8), (2, 3)))
+        cases = [(3, 320)] if self.args.smoke else [(1, 4096), (8, 16384), (64, 4096), (256, 4096)]
+        grid = [(64, 4, 1)] if self.args.smoke else list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
         for B, ctx in cases:
             case = Case(B, ctx, hq, hkv, d, self.device, self.args.seed)
             base = {"kind": "sweep", "impl": "triton", "Hq": hq, "Hkv": hkv, "D": d, "B": B, "ctx": ctx}
