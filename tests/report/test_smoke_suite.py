@@ -1,0 +1,81 @@
+"""The whole cpu-smoke suite through the runner (once per module), asserted on the tables it wrote.
+
+This is what `make suite` runs: every notebook on the CPU (Triton's interpreter, tiny shapes).
+"""
+
+import html
+import json
+
+import pandas as pd
+import pytest
+
+from gdn_lab.report.runner import discover, run_suite
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cpu-smoke")
+    summary = run_suite("cpu-smoke", out=out)
+    return out, summary
+
+
+def table(run, notebook, name):
+    return pd.read_csv(run[0] / notebook / f"{name}.csv")
+
+
+def is_ours_or_reference(backends: pd.Series) -> pd.Series:
+    return backends.str.startswith(("torch", "triton"))
+
+
+def test_every_notebook_ran_and_the_index_says_so(run):
+    out, summary = run
+    assert [nb.name for nb in summary.notebooks] == list(discover())
+    failed = {nb.name: nb.error for nb in summary.notebooks if nb.status != "ok"}
+    assert not failed
+    data = json.loads((out / "summary.json").read_text())
+    assert data["ok"] and data["preset"] == "cpu-smoke" and data["fingerprint"]["triton_interpret"] is True
+    index = (out / "index.html").read_text()
+    for nb in summary.notebooks:
+        assert nb.headline and nb.headline in html.unescape(index)
+        page = (out / f"{nb.name}.html").read_text()
+        assert "data:image/png;base64" in page, f"{nb.name}: its plots are embedded"
+
+
+def test_torch_and_triton_are_bitwise_invariant_and_every_control_is_caught(run):
+    df = table(run, "01_batch_invariance", "batch_invariance")
+    done = df[(df.status == "compared") & ~df.is_control]
+    ours = done[is_ours_or_reference(done.backend)]
+    assert ours.bitwise_equal.all()
+    for op, part in ours.groupby("op"):
+        assert "torch" in set(part.backend) and part.backend.str.startswith("triton").any(), op
+    assert set(ours.op) == {"decode_attention", "prefill_attention", "gdn_decode", "gdn_prefill", "gdn_layer_prefill"}
+    assert df.control_caught.eq(True).all() and not df.insensitive.any()
+    assert not (df.status == "error").any()
+
+
+def test_partition_edges_within_tolerance(run):
+    df = table(run, "02_partition_edges", "partition_edges")
+    ours = df[(df.status == "compared") & is_ours_or_reference(df.backend) & ~df.is_control]
+    assert set(ours.backend) >= {"torch", "torch-partitioned", "triton"}
+    assert set(ours.target_len) == {1, 255, 256, 257, 511, 512, 513}
+    assert ours.within_tolerance.all() and ours.bitwise_equal.all()
+
+
+def test_kv_cache_dtype_within_tolerance_for_both_archs(run):
+    df = table(run, "03_kv_cache_fp8_vs_bf16", "kv_cache_dtype")
+    ours = df[(df.status == "compared") & is_ours_or_reference(df.backend)]
+    assert set(ours.kv_dtype) == {"float16", "float8_e4m3fn", "float8_e4m3fnuz"}
+    assert ours.within_tolerance.all() and ours.bitwise_equal.all()
+
+
+def test_fused_prefill_parity_within_stated_tolerances(run):
+    parity = table(run, "04_fused_prefill_parity", "parity")
+    done = parity[parity.status == "compared"]
+    assert "triton-fused" in set(done.backend)
+    assert set(done.tensor) == {"normalized", "conv_state", "delta_state", "fp8"}
+    assert done.within_tolerance.all()
+    inv = table(run, "04_fused_prefill_parity", "invariance")
+    ours = inv[(inv.status == "compared") & ~inv.is_control]
+    assert ours.bitwise_equal.all() and inv.control_caught.eq(True).all()
