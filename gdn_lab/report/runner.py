@@ -14,12 +14,14 @@ Everything is checked before anything runs: the preset, the notebook names (`--o
 parameter (the preset's and `-p KEY=VALUE`) against the parameters each notebook declares
 (`papermill.inspect_notebook`). A notebook that fails is recorded with its error (its partial
 executed notebook and HTML are kept) and the others still run; the exit status is 0 only if all
-ran. An interrupted run keeps what finished.
+ran. An interrupted run keeps what finished, and a later run of the same preset into the same
+directory (e.g. the rest of the suite with `--only`) keeps the earlier notebooks in its index.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -281,6 +283,23 @@ def run_notebook(nb: NotebookPlan, out: Path, log: IO[str]) -> NotebookResult:
     return result
 
 
+def _earlier_results(out: Path, preset: str, notebooks: Mapping[str, Path], running: set[str]) -> list[NotebookResult]:
+    """Results of notebooks not run this time, from an earlier run of the same preset into `out`,
+    so a suite can be run in parts (`--only`) into one directory and keep one index."""
+    path = out / "summary.json"
+    if not path.exists():
+        return []
+    earlier = json.loads(path.read_text())
+    if earlier.get("preset") != preset:
+        return []
+    fields = set(NotebookResult.__dataclass_fields__)
+    return [
+        NotebookResult(**{k: v for k, v in nb.items() if k in fields})
+        for nb in earlier.get("notebooks", [])
+        if nb.get("name") in notebooks and nb.get("name") not in running
+    ]
+
+
 def archive(out: Path, dest: Path) -> Path:
     """Pack a run directory into one .tar.gz (its folder name as the archive's top folder)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -353,14 +372,18 @@ def run_suite(
         fingerprint=fingerprint(device),
         notebooks=[NotebookResult(nb.name, parameters=nb.parameters) for nb in plans],
     )
+    kept = _earlier_results(run_dir, p.name, notebooks, {nb.name for nb in plans})
+    order = list(notebooks)
+    summary.notebooks = sorted(summary.notebooks + kept, key=lambda r: order.index(r.name))
     write_summary(summary, run_dir)
     print(f"gdn-lab run: preset {p.name}, {len(plans)} notebooks into {run_dir}", file=log)
     with kernel_environment(device):
         try:
             for i, nb in enumerate(plans):
                 print(f"[{i + 1}/{len(plans)}] {nb.name}", file=log, flush=True)
-                summary.notebooks[i] = NotebookResult(nb.name, status="running", parameters=nb.parameters)
-                summary.notebooks[i] = run_notebook(nb, run_dir, log)
+                at = next(j for j, r in enumerate(summary.notebooks) if r.name == nb.name)
+                summary.notebooks[at] = NotebookResult(nb.name, status="running", parameters=nb.parameters)
+                summary.notebooks[at] = run_notebook(nb, run_dir, log)
                 write_summary(summary, run_dir)
         except KeyboardInterrupt:
             for r in summary.notebooks:

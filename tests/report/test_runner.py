@@ -86,6 +86,12 @@ def test_all_ok_exits_zero(suite, tmp_path, monkeypatch, capsys):
     assert cli.main(["run", "--preset", str(preset), "--only", "03", "--out", str(tmp_path / "r")]) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert [nb["name"] for nb in summary["notebooks"]] == ["03_last"] and summary["ok"]
+    # the rest of the suite in a second call, into the same directory: one index for both
+    assert cli.main(["run", "--preset", str(preset), "--only", "01", "--out", str(tmp_path / "r")]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert [(nb["name"], nb["status"]) for nb in summary["notebooks"]] == [("01_first", "ok"), ("03_last", "ok")]
+    assert "value is 7" in (tmp_path / "r" / "index.html").read_text()
+    assert oct((tmp_path / "r" / "index.html").stat().st_mode & 0o777) != oct(0o600), "readable by colleagues"
 
 
 @pytest.mark.parametrize(
