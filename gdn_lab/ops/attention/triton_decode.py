@@ -64,21 +64,22 @@ class DecodeConfig:
     num_stages: int
 
 
-# Fixed per (head-dim tile, operand kind) on the GPU, chosen from sm_90 compiles (Triton's AOT path:
-# no spills, 2-5 programs per SM by registers and shared memory): the 3-stage cp.async pipeline
-# has the partition's next 128-256 tokens in flight, so a small batch (few programs) waits about
-# one memory latency per partition and a large one keeps 100-400 KB of K/V loads in flight per SM.
-# `--sweep` in benchmarks/bench_decode_attention.py times the alternatives on the H200.
+# Fixed per (head-dim tile, operand kind) on the GPU. D = 128 and 256 come from the H200 sweep
+# (`--sweep` in benchmarks/bench_decode_attention.py; data/bench/h200/bench_decode_attention_sweep.csv):
+# the best geometric mean over B = 1, 8, 64, 256. 4 warps beat 8 by 5-10 % in bf16 and by up to
+# 40 % with fp8 at D = 128 (the fp8 -> bf16 widening is spread over fewer, longer-lived tiles);
+# block_n and stages moved the time by under 3 %. D = 64 has no H200 measurement: it keeps the
+# choice made from sm_90 compiles (no spills, 2-5 programs per SM).
 # The kinds: "16bit" (bf16/fp16 cache and operands), "fp8" (an e4m3 cache widened to the
 # query's 16-bit dtype), "fp32" (float32 operands: IEEE FMA products, which hold whole operand
 # tiles in registers: one stage and 8 warps keep them from spilling).
 _GPU_CONFIGS = {
     (64, "16bit"): DecodeConfig(128, 4, 3),
-    (128, "16bit"): DecodeConfig(128, 8, 3),
+    (128, "16bit"): DecodeConfig(128, 4, 3),
     (256, "16bit"): DecodeConfig(64, 8, 3),
     (64, "fp8"): DecodeConfig(64, 4, 3),
-    (128, "fp8"): DecodeConfig(128, 8, 3),
-    (256, "fp8"): DecodeConfig(64, 8, 3),
+    (128, "fp8"): DecodeConfig(128, 4, 3),
+    (256, "fp8"): DecodeConfig(64, 4, 4),
     (64, "fp32"): DecodeConfig(32, 8, 1),
     (128, "fp32"): DecodeConfig(32, 8, 1),
     (256, "fp32"): DecodeConfig(32, 8, 1),
