@@ -203,7 +203,7 @@ def headline(parity: pd.DataFrame, invariance: pd.DataFrame | None = None) -> st
         off = part[~part.within_tolerance.astype(bool)].tensor.unique().tolist()
         worst = part[part.tensor == "normalized"].rel_mae.max()
         parts.append(
-            f"{backend} vs torch chain: normalized rel_mae <= {worst:.2g}, "
+            f"{labeled(str(backend), part.platform)} vs torch chain: normalized rel_mae <= {worst:.2g}, "
             + ("all tensors within tolerance" if not off else f"OUTSIDE tolerance: {', '.join(off)}")
         )
     if invariance is not None and not invariance.empty:

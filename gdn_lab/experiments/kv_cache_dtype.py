@@ -184,11 +184,13 @@ def headline(df: pd.DataFrame) -> str:
     parts.append(
         "bitwise invariant with both caches"
         if variant.empty
-        else "batch-variant: " + ", ".join(sorted(set(variant.backend + "/" + variant.kv_dtype)))
+        else "batch-variant: "
+        + ", ".join(sorted({f"{labeled(r.backend, [r.platform])}/{r.kv_dtype}" for r in variant.itertuples()}))
     )
     skipped = df[df.status == "not covered"]
     if not skipped.empty:
-        parts.append(f"not covered: {', '.join(sorted(set(skipped.backend + '/' + skipped.kv_dtype)))}")
+        names = sorted({f"{labeled(r.backend, [r.platform])}/{r.kv_dtype}" for r in skipped.itertuples()})
+        parts.append(f"not covered: {', '.join(names)}")
     return "; ".join(parts)
 
 

@@ -205,9 +205,10 @@ def headline(df: pd.DataFrame) -> str:
     """One line for the suite index."""
     done = df[df.status == "compared"]
     tested = done[~done.is_control.astype(bool)]
-    off = tested[~tested.within_tolerance.astype(bool)].backend.unique().tolist()
-    variant = tested[~tested.bitwise_equal.astype(bool)].backend.unique().tolist()
-    worst = tested.groupby("backend").exact_max_ulp.max().to_dict()
+    tested = tested.assign(label=[labeled(b, [p]) for b, p in zip(tested.backend, tested.platform)])
+    off = tested[~tested.within_tolerance.astype(bool)].label.unique().tolist()
+    variant = tested[~tested.bitwise_equal.astype(bool)].label.unique().tolist()
+    worst = tested.groupby("label", sort=False).exact_max_ulp.max().to_dict()
     parts = [
         f"{len(tested.backend.unique())} backends over contexts {int(df.target_len.min())}..{int(df.target_len.max())}"
         f" (up to {int(df.partitions.max())} partitions)",

@@ -88,8 +88,14 @@ def error_vs_context(
     col: str | None = None,
     title: str = "",
     logy: bool = True,
+    categorical: bool = False,
 ) -> Figure:
-    """A line per `hue` (and `style`) of `y` against the context length (log x), one panel per `col`."""
+    """`y` against the context length, a line per `hue` (and `style`), one panel per `col`.
+
+    Args:
+        categorical: one evenly spaced x position per context (for clustered contexts such as
+            partition edges 255, 256, 257); otherwise a log x axis.
+    """
     done = df[(df.status == "compared") & df[y].notna()].copy()
     if done.empty:
         return _empty(title or y, "nothing ran")
@@ -99,17 +105,26 @@ def error_vs_context(
         positive = done.loc[done[y] > 0, y]
         floor = positive.min() / 2 if not positive.empty else 1e-12
         done[y] = done[y].clip(lower=floor)
-    grid = sns.relplot(
-        data=done, x="target_len", y=y, hue=hue, style=style, col=col, kind="line", marker="o",
-        height=3.5, aspect=1.3, facet_kws={"sharey": True},
-    )  # fmt: skip
-    grid.set(xscale="log", yscale="log" if logy else "linear")
     contexts = sorted(done.target_len.astype(int).unique())
-    for ax in grid.axes.flat:
-        ax.set_xticks(contexts)
-        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}"))
-        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-        plt.setp(ax.get_xticklabels(), rotation=45 if len(contexts) > 6 else 0)
+    if categorical:
+        done["context"] = done.target_len.astype(int).astype(str)
+        grid = sns.catplot(
+            data=done, x="context", y=y, hue=hue, col=col, kind="point", order=[str(c) for c in contexts],
+            height=3.5, aspect=1.4, markers="o", linestyles="-", dodge=0.3,
+        )  # fmt: skip
+        if logy:
+            grid.set(yscale="log")
+    else:
+        grid = sns.relplot(
+            data=done, x="target_len", y=y, hue=hue, style=style, col=col, kind="line", marker="o",
+            height=3.5, aspect=1.3, facet_kws={"sharey": True},
+        )  # fmt: skip
+        grid.set(xscale="log", yscale="log" if logy else "linear")
+        for ax in grid.axes.flat:
+            ax.set_xticks(contexts)
+            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+            ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+            plt.setp(ax.get_xticklabels(), rotation=45 if len(contexts) > 6 else 0)
     grid.set_axis_labels("context length (tokens)", y)
     if title:
         grid.figure.suptitle(title, y=1.02)
