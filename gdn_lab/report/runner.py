@@ -38,7 +38,7 @@ import yaml
 
 from gdn_lab.report import presets as presets_mod
 from gdn_lab.report.html import index_html, notebook_to_html
-from gdn_lab.report.io import atomic_write_json, atomic_write_text, read_headline
+from gdn_lab.report.io import HEADLINE_FILE, atomic_write_json, atomic_write_text, read_headline
 
 if TYPE_CHECKING:
     import torch
@@ -252,6 +252,9 @@ def run_notebook(nb: NotebookPlan, out: Path, log: IO[str]) -> NotebookResult:
     result = NotebookResult(nb.name, parameters=nb.parameters)
     executed, page = out / f"{nb.name}.ipynb", out / f"{nb.name}.html"
     tables = out / nb.name
+    # a rerun into the same directory must not report an earlier run's tables or headline
+    for stale in [executed, page, tables / HEADLINE_FILE, *tables.glob("*.csv")]:
+        stale.unlink(missing_ok=True)
     start = time.monotonic()
     try:
         papermill.execute_notebook(

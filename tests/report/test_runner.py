@@ -83,9 +83,13 @@ def test_failing_notebook_does_not_stop_the_others(suite, tmp_path, monkeypatch,
 def test_all_ok_exits_zero(suite, tmp_path, monkeypatch, capsys):
     nbs, preset = suite
     monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbs)
+    stale = tmp_path / "r" / "03_last" / "old.csv"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("a\n1\n")
     assert cli.main(["run", "--preset", str(preset), "--only", "03", "--out", str(tmp_path / "r")]) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert [nb["name"] for nb in summary["notebooks"]] == ["03_last"] and summary["ok"]
+    assert not stale.exists() and summary["notebooks"][0]["files"]["tables"] == ["03_last/numbers.csv"]
     # the rest of the suite in a second call, into the same directory: one index for both
     assert cli.main(["run", "--preset", str(preset), "--only", "01", "--out", str(tmp_path / "r")]) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
