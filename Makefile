@@ -1,10 +1,12 @@
 # Two commands for a fresh machine (Python 3.11, no GPU needed):
 #   make suite   set up .venv, run the cpu-smoke notebook suite, print where index.html is
 #   make test    set up .venv, run the tests
-# TORCH picks the torch build: the default is the CPU build the lab's CI uses.
+# TORCH picks the torch build: the default is the CPU build the lab's CI uses. EXTRAS: lab (notebooks),
+# dev (tests), aiter-triton (AITER's Triton kernels from the amd-aiter wheel, for machines without a
+# source-built aiter), gpu (flash-linear-attention; its recurrent kernel also runs in the interpreter).
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
-EXTRAS ?= lab,dev
+EXTRAS ?= lab,dev,aiter-triton,gpu
 VENV := .venv
 BIN := $(VENV)/bin
 
