@@ -83,7 +83,7 @@ def decode_attention_partitioned(
         kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(num_parts, PARTITION_SIZE, hkv, -1)
         vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(num_parts, PARTITION_SIZE, hkv, -1)
         s = torch.matmul(qg.unsqueeze(1), kp.permute(2, 0, 3, 1)) * qk_scale  # [Hkv, P, G, 256]
-        valid = torch.arange(num_parts * PARTITION_SIZE).reshape(num_parts, 1, PARTITION_SIZE) < n
+        valid = torch.arange(num_parts * PARTITION_SIZE, device=q.device).reshape(num_parts, 1, PARTITION_SIZE) < n
         s = s.masked_fill(~valid, float("-inf"))
         m = s.amax(-1)  # [Hkv, P, G]
         e = torch.exp(s - m[..., None])
