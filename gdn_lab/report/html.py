@@ -2,7 +2,8 @@
 
 A notebook page comes from nbconvert's HTML exporter (lab template): images are embedded as data
 URIs, the CDN scripts (require.js, MathJax: the notebooks use neither) are dropped so the page
-opens offline, and code cells are hidden behind a "show code" button.
+opens offline, stderr (progress bars, warnings) is left out, and code cells are hidden behind a
+"show code" button.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ def notebook_to_html(ipynb: str | Path, out: str | Path) -> Path:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(ipynb), as_version=4)
+    # Progress bars and warnings go to stderr: useful live, noise in a shared report (the executed
+    # notebook keeps them).
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
     exporter = HTMLExporter(template_name="lab", embed_images=True)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": Path(ipynb).stem}})
     body = _MATHJAX_CONFIG.sub("", _REMOTE_SCRIPT.sub("", body))
