@@ -152,6 +152,12 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _own_version() -> str:
+    from gdn_lab import __version__
+
+    return __version__
+
+
 def package_versions() -> dict[str, str | None]:
     """Versions of the packages whose kernels the lab measures, read without importing them."""
     return {
@@ -161,7 +167,7 @@ def package_versions() -> dict[str, str | None]:
         "fla": _version("fla-core") or _version("flash-linear-attention"),
         "aiter": _version("amd-aiter") or _version("aiter"),
         "flydsl": _version("flydsl"),
-        "gdn_lab": _version("gdn_lab"),
+        "gdn_lab": _version("gdn_lab") or _own_version(),  # on PYTHONPATH without an install
     }
 
 
