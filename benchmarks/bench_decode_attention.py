@@ -39,17 +39,18 @@ Every row carries the environment fingerprint (`env_*`). Run from the repository
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import os
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 ROOFLINE_TBPS = 4.26  # H200 device-to-device copy, bytes read + written (measured_h200.md)
 SDPA_TARGET = 0.85  # >= 85 % of SDPA's throughput at B >= 8, ctx >= 4k (bf16)
@@ -110,43 +111,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.kv_dtypes = a.kv_dtypes.split(",")
     a.page_sizes = [int(x) for x in a.page_sizes.split(",")]
     return a
-
-
-# --- timing -------------------------------------------------------------------------------------
-
-
-def time_call(fn: Callable[[], torch.Tensor], device: torch.device, rep_ms: float) -> tuple[float, torch.Tensor]:
-    """(microseconds per call, an output): CUDA-graph replays timed with CUDA events on the GPU,
-    one call's wall time on the CPU (the interpreter: only a smoke check)."""
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        out = fn()
-        return (time.perf_counter() - t0) * 1e6, out
-    out = fn()
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    torch.cuda.synchronize(device)
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize(device)
-    reps = int(max(5, min(2000, rep_ms * 1e3 / max(start.elapsed_time(end) * 1e3, 1.0))))
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize(device)
-    us = start.elapsed_time(end) * 1e3 / reps
-    del graph
-    return us, out
 
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -278,7 +242,7 @@ class Bench:
         for backend in sdpa_backends(self.device):
             fn = case.sdpa(backend)
             try:
-                us, out = time_call(fn, self.device, self.args.rep_ms)
+                us, out = time_graph(fn, self.device, self.args.rep_ms)
             except RuntimeError as exc:  # this backend does not take the call: try the next
                 errors.append(f"{backend.name}: {str(exc).splitlines()[0][:120]}")
                 continue
@@ -315,7 +279,7 @@ class Bench:
 
             extra = {"config": _cfg(cfg), "splits": mod.splits_for_batch(B, fields["Hkv"], d, ctx, sms)}
         try:
-            us, out = time_call(fn, self.device, self.args.rep_ms)
+            us, out = time_graph(fn, self.device, self.args.rep_ms)
         except Exception as exc:  # a failing case is a row, the run goes on
             self.row(impl=impl, status="error", note=_err(exc), **extra, **fields)
             return None
@@ -392,7 +356,7 @@ class Bench:
                     cfg = mod.DecodeConfig(bn, warps, stages)
                     fields = dict(base, kv_dtype=kv, page_size=16, config=_cfg(cfg), bytes=nbytes)
                     try:
-                        us, _ = time_call(
+                        us, _ = time_graph(
                             lambda cfg=cfg, args=args, ctx=ctx: mod.decode_attention_triton(
                                 **args, max_seq_len=ctx, config=cfg
                             ),
@@ -419,19 +383,6 @@ class Bench:
 
     def write(self) -> Path:
         return write_csv(self.rows, COLUMNS + [f"env_{k}" for k in self.fp], Path(self.args.out), CSV_NAME)
-
-
-def write_csv(rows: list[dict], columns: list[str], out: Path, name: str) -> Path:
-    """Write rows to out/name atomically (a temporary file, then os.replace)."""
-    out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out, suffix=".csv.tmp")
-    with os.fdopen(fd, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
-    path = out / name
-    os.replace(tmp, path)
-    return path
 
 
 def _cfg(cfg) -> str:

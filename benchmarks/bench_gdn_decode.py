@@ -31,17 +31,18 @@ fingerprint. Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import csv
 import inspect
 import os
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import sync, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 ROOFLINE_TBPS = 4.26  # H200 device-to-device copy, bytes read + written (measured_h200.md)
 L2_BYTES = 50 * 2**20
@@ -149,11 +150,6 @@ def fla_inputs(case: dict, gate_in_kernel: bool) -> dict:
 # --- timing -------------------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _reps(one_call_us: float, budget_us: float, lo: int, hi: int) -> int:
     return int(max(lo, min(hi, budget_us / max(one_call_us, 1e-3))))
 
@@ -163,45 +159,17 @@ def time_eager(fn: Callable[[], object], device: torch.device, smoke: bool) -> f
     warm = 0 if smoke else 10
     for _ in range(warm):
         fn()
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     fn()
-    _sync(device)
+    sync(device)
     first = (time.perf_counter() - t0) * 1e6
     reps = 1 if smoke else _reps(first, 30_000, 20, 3000)
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
-    _sync(device)
+    sync(device)
     return (time.perf_counter() - t0) * 1e6 / reps
-
-
-def time_graph(fn: Callable[[], object], device: torch.device) -> float:
-    """Microseconds per replay of a CUDA graph holding one call (CUDA events over many replays)."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(5):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    _sync(device)
-    start.record()
-    graph.replay()
-    end.record()
-    _sync(device)
-    reps = _reps(start.elapsed_time(end) * 1e3, 30_000, 20, 5000)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    _sync(device)
-    return start.elapsed_time(end) * 1e3 / reps
 
 
 # --- the benchmark ------------------------------------------------------------------------------
@@ -282,7 +250,7 @@ class Bench:
         base["fits_l2"] = state_bytes // 2 <= L2_BYTES
         modes = [("eager", lambda fn: time_eager(fn, self.device, self.args.smoke))]
         if self.graphs:
-            modes.append(("graph", lambda fn: time_graph(fn, self.device)))
+            modes.append(("graph", lambda fn: time_graph(fn, self.device)[0]))
         for mode, timer in modes:
             times = {
                 name: self.guarded(name, lambda fn=fn, timer=timer: timer(fn), mode=mode, **base)
@@ -456,7 +424,7 @@ class Bench:
                     f"sweep {cfg}",
                     lambda args=args, cfg=cfg: time_graph(
                         lambda: self.td.gdn_decode_triton(**args, **cfg), self.device
-                    ),
+                    )[0],
                     B=B,
                 )
                 if us is None:
@@ -492,16 +460,7 @@ class Bench:
             print(f"host {name:32s} {us:7.2f} us", flush=True)
 
     def write(self, out_dir: Path) -> Path:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / CSV_NAME
-        fields = COLUMNS + [f"env_{k}" for k in self.fp]
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".bench_gdn_decode.", suffix=".csv")
-        with os.fdopen(fd, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(self.rows)
-        os.replace(tmp, path)
-        return path
+        return write_csv(self.rows, COLUMNS + [f"env_{k}" for k in self.fp], out_dir, CSV_NAME)
 
 
 def main(argv: list[str] | None = None) -> int:

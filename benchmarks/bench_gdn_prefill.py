@@ -34,11 +34,9 @@ controls (which must differ). Every row carries the environment fingerprint (`en
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +44,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import sync, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")  # read when fla is imported (see gated_delta_rule/fla.py)
 
@@ -244,11 +245,6 @@ def fla_layer(args: dict[str, Any]) -> Callable[[], tuple]:
 # --- timing and comparison -----------------------------------------------------------------------
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def call_once(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
     """(microseconds, result) of one synchronised call."""
     sync(device)
@@ -406,18 +402,7 @@ class Bench:
         return [compare(x, y) for x, y in pairs]
 
     def write(self) -> Path:
-        out = Path(self.args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / CSV_NAME
-        fields = COLUMNS + sorted(self.env)
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=".bench_gdn_prefill.", suffix=".csv")
-        with os.fdopen(fd, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-            w.writeheader()
-            for r in self.rows:
-                w.writerow({k: r.get(k, "") for k in fields})
-        os.replace(tmp, path)
-        return path
+        return write_csv(self.rows, COLUMNS + sorted(self.env), self.args.out, CSV_NAME)
 
 
 def main(argv: list[str] | None = None) -> int:

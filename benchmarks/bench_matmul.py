@@ -3,7 +3,7 @@
 x [M, K] @ w [K, N] in bf16 for the projections of a Qwen3-8B-sized layer (hidden 4096: fused QKV
 4096 -> 6144, output 4096 -> 4096, fused gate/up 4096 -> 24576, down 12288 -> 4096) and M in 1, 8,
 64, 256, 1024, 4096 tokens. Each call is captured in a CUDA graph and timed with CUDA events
-(`time_call` from bench_decode_attention.py). Columns: us, TFLOP/s (2 M N K / time), TB/s (bytes
+(`time_graph` from bench_common.py). Columns: us, TFLOP/s (2 M N K / time), TB/s (bytes
 of x, w and out / time), `ratio_vs_torch` = torch_us / us (> 1: ours is faster).
 
 `invariance` rows compare row 0 of a 1-row call with row 0 of the 4096-row call (torch.equal) for
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_decode_attention import time_call, write_csv  # noqa: E402  (the sibling script's helpers)
+from bench_common import time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 CSV_NAME = "bench_matmul.csv"
 COLUMNS = [
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             us = {}
             for name, fn in impls.items():
                 try:
-                    us[name], _ = time_call(lambda fn=fn, xm=xm, w=w: fn(xm, w), device, args.rep_ms)
+                    us[name], _ = time_graph(lambda fn=fn, xm=xm, w=w: fn(xm, w), device, args.rep_ms)
                 except Exception as exc:  # a failing case is a row, the run goes on
                     row(kind="timing", impl=name, status="error", M=m, K=k, N=n, note=f"{type(exc).__name__}: {exc}")
                     continue

@@ -1,0 +1,70 @@
+"""What the benchmark scripts share: CUDA-graph timing, synchronisation, and the CSV they write."""
+
+from __future__ import annotations
+
+import csv
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_graph(fn: Callable[[], object], device: torch.device, rep_ms: float = 30.0) -> tuple[float, object]:
+    """(microseconds per call, an output of `fn`).
+
+    On the GPU: `fn` captured once in a CUDA graph (after warm-up on a side stream), then replays
+    timed with CUDA events, as many as fit in `rep_ms` (5..5000), so the figure is GPU time with no
+    Python launch cost. On the CPU (the interpreter: a smoke check only): one call's wall time.
+    """
+    if device.type != "cuda":
+        start = time.perf_counter()
+        out = fn()
+        return (time.perf_counter() - start) * 1e6, out
+    out = fn()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    sync(device)
+    start.record()
+    graph.replay()
+    end.record()
+    sync(device)
+    reps = int(max(5, min(5000, rep_ms * 1e3 / max(start.elapsed_time(end) * 1e3, 1.0))))
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    sync(device)
+    us = start.elapsed_time(end) * 1e3 / reps
+    del graph
+    return us, out
+
+
+def write_csv(rows: Sequence[dict], columns: Sequence[str], out: str | Path, name: str) -> Path:
+    """Write rows to out/name atomically (a temporary file, then os.replace); missing keys are empty."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), restval="", extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    path = out / name
+    os.replace(tmp, path)
+    return path
