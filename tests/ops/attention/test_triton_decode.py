@@ -122,9 +122,9 @@ def test_num_splits_heuristic():
     assert num_splits_heuristic(1, 8, 1) == 1
 
 
-def test_registration(attention_args):
+def test_registration(attention_args, device):
     heads = (4, 2, 64)
-    args = attention_args(OP, [(5, 0), (300, 1)], heads)
+    args = attention_args(OP, [(5, 0), (300, 1)], heads, device=device)
     rows = {r["backend"]: r for r in explain(OP, args)}
     assert rows["triton"]["covered"] and rows["triton"]["auto"] and not rows["triton"]["variant_control"]
     control = rows["triton-splitk-by-batch"]
