@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 import torch
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-HALF_DTYPES = (torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 

@@ -25,8 +25,6 @@ FP8_DTYPES_BY_ARCH_FAMILY: dict[str, tuple[torch.dtype, ...]] = {
     "cpu": (torch.float8_e4m3fn, torch.float8_e4m3fnuz),
 }
 
-KNOWN_EMULATED_ARCHS = ("gfx942", "gfx950")
-
 
 @dataclass(frozen=True)
 class DeviceInfo:

@@ -42,14 +42,21 @@ def base_row(
     arch: str | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
-    """A row with the environment columns filled; `arch` overrides the detected one (AITER emulation)."""
+    """A row with the environment columns filled.
+
+    `arch` is the arch the row stands for: given explicitly (an emulated fp8 format, AITER's
+    emulation), else, for AITER's Triton backends off ROCm, the arch AITER was told it runs on
+    (issue 5: every AITER row records the emulated arch), else the device's own.
+    """
+    from gdn_lab.aiter_loader import row_arch
+
     info = detect(device)
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
     row.update(
         op=op,
         backend=backend,
         device=info.name,
-        arch=arch or info.arch,
+        arch=arch or row_arch(backend, device) or info.arch,
         dtype=dtype_name(dtype),
         kv_dtype=dtype_name(kv_dtype) if kv_dtype is not None else dtype_name(dtype),
         seed=seed,

@@ -31,8 +31,8 @@ def setup(notebook: str, **parameters: Any) -> SimpleNamespace:
             seed and out_dir.
 
     Returns:
-        A namespace with every parameter resolved, plus `device` (torch.device), `device_name`
-        (the parameter as given), `out` (Path) and `notebook`.
+        A namespace with every parameter resolved, plus `device` (torch.device), `out` (Path) and
+        `notebook`.
 
     Raises:
         ValueError: a required parameter is missing, or an unknown preset or device.
@@ -49,5 +49,5 @@ def setup(notebook: str, **parameters: Any) -> SimpleNamespace:
     out = Path(resolved["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     ns = SimpleNamespace(**resolved)
-    ns.device_name, ns.device, ns.out, ns.notebook = resolved["device"], device, out, notebook
+    ns.device, ns.out, ns.notebook = device, out, notebook
     return ns

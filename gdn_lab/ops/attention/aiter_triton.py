@@ -54,12 +54,6 @@ from gdn_lab.routing import PRIORITY_AMD, Backend, Check, register
 MIN_HEAD_DIM = 16  # tl.dot needs an inner dimension of at least 16
 MIN_BLOCK = 16
 
-BACKEND_KERNELS = {
-    "aiter-triton-pa": "pa_decode",
-    "aiter-triton-unified": "unified_attention",
-    "aiter-triton-mha": "mha",
-}
-
 
 # --- layout conversions ---------------------------------------------------------------------
 
