@@ -15,9 +15,10 @@ A named backend is never replaced: if it cannot cover the call, `route` raises `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 Check = tuple[bool, str]
 
@@ -228,11 +229,41 @@ def route(op: str, args: Mapping[str, Any], backend: str = "auto") -> Decision:
     return d
 
 
+class DispatchObserver(Protocol):
+    """Sees every call `dispatch` runs: `before` with its inputs, `after` with its result."""
+
+    def before(self, op: str, decision: Decision, args: Mapping[str, Any]) -> None: ...
+
+    def after(self, op: str, decision: Decision, args: Mapping[str, Any], result: Any) -> None: ...
+
+
+_OBSERVERS: list[DispatchObserver] = []
+
+
+@contextlib.contextmanager
+def observe(observer: DispatchObserver) -> Iterator[DispatchObserver]:
+    """Within the block, `observer` sees every dispatched op call (blocks nest; removed on every exit)."""
+    _OBSERVERS.append(observer)
+    try:
+        yield observer
+    finally:
+        _OBSERVERS.remove(observer)
+
+
 def dispatch(op: str, args: Mapping[str, Any], backend: str = "auto") -> tuple[Any, Decision]:
-    """Route and run: (output, decision)."""
+    """Route and run: (output, decision). Observers (`observe`) see the inputs before the run,
+    since in-place ops overwrite them, and the result after."""
     d = route(op, args, backend)
     assert d.backend is not None
-    return d.backend.run(**args), d
+    if not _OBSERVERS:
+        return d.backend.run(**args), d
+    watching = list(_OBSERVERS)
+    for o in watching:
+        o.before(op, d, args)
+    result = d.backend.run(**args)
+    for o in watching:
+        o.after(op, d, args, result)
+    return result, d
 
 
 def explain(op: str, args: Mapping[str, Any] | None = None, backend: str = "auto") -> list[dict[str, Any]]:

@@ -1,0 +1,68 @@
+"""What a dispatch rule answers, so a backend can carry the rule it follows.
+
+A library kernel whose config follows the batch (AITER's pa_decode V1/V2, unified_attention's
+2D/3D split, FlyDSL's WARP_THREADS_K, ...) is described by a rule: data read from the library's
+source, plus a predictor. A backend that runs such a kernel names its rule (`Backend.rule`), and
+an experiment asks it, for one launch, which variant runs and what one request's bits depend on:
+
+- `predict(args, request, env)`: the launch's variant and the request's numerics key;
+- `expect(alone_key, batched_key)`: what the request's bits should do between two launches:
+  "equal", "switch", or "rounding" (only the last rounding differs: the bits may or may not move).
+
+Example:
+    >>> env = RuleEnv(arch="gfx950", num_cus=256)
+    >>> Predicted("v2", "partitioned", "4 partitions").variant
+    'v2'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+EXPECTATIONS = ("equal", "switch", "rounding")
+
+
+@dataclass(frozen=True)
+class RuleEnv:
+    """What a rule sees of the machine: the arch the library dispatches for and its CU/SM count."""
+
+    arch: str
+    num_cus: int
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """A rule's answer for one launch.
+
+    Attributes:
+        variant: the kernel or config the launch takes ("v1", "3d:16seg", "wtk=8", "hip").
+        key: what the request's bits depend on under that variant (two launches with the same key
+            give it the same bits, by the rule).
+        reason: the condition that decided, in words (the threshold and the values it compared).
+    """
+
+    variant: str
+    key: str
+    reason: str
+
+
+class DispatchRule(Protocol):
+    """The rule a backend follows (see the module docstring).
+
+    Attributes:
+        name: short name ("aiter_pa_decode").
+        source: the library, version and file::function the rule was read from.
+    """
+
+    name: str
+    source: str
+
+    def predict(self, args: Mapping[str, Any], request: int, env: RuleEnv) -> Predicted:
+        """The launch of the validated call `args`, seen from request index `request`."""
+        ...
+
+    def expect(self, alone_key: str, batched_key: str) -> str:
+        """One of EXPECTATIONS for a request whose keys alone and batched are given."""
+        ...
