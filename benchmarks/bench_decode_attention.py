@@ -200,7 +200,7 @@ class Bench:
         return r
 
     def kernels(self):
-        from gdn_lab.ops.attention import triton_decode
+        from gdn_lab.ops.decode_attention import triton_kernels as triton_decode
 
         return triton_decode
 

@@ -122,7 +122,7 @@ def make_case(B: int, hk: int, hv: int, d: int, device: torch.device, seed: int,
 
 def fla_inputs(case: dict, gate_in_kernel: bool) -> dict:
     """fla's keyword arguments for the same step: [B, 1, H, D] inputs, a K-first state copy."""
-    from gdn_lab.ops.gated_delta_rule.reference import gates
+    from gdn_lab.ops.delta_rule import gates
 
     kw = {
         "q": case["q"][:, None],
@@ -178,19 +178,20 @@ def time_eager(fn: Callable[[], object], device: torch.device, smoke: bool) -> f
 class Bench:
     def __init__(self, args: argparse.Namespace):
         from gdn_lab.device import fingerprint
-        from gdn_lab.ops.gated_delta_rule import decode, triton_decode
+        from gdn_lab.ops import spec
+        from gdn_lab.ops.gdn_decode import triton_kernels as triton_decode
 
         self.args = args
         self.device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
         self.graphs = self.device.type == "cuda"
-        self.decode, self.td = decode, triton_decode
+        self.decode, self.td = spec.get("gdn_decode"), triton_decode
         self.fp = fingerprint(self.device)
         self.rows: list[dict] = []
         self.fla = self._load_fla()
 
     def _load_fla(self):
         try:
-            from gdn_lab.ops.gated_delta_rule import fla as lab_fla  # sets FLA_DISABLE_BACKEND_DISPATCH=1
+            from gdn_lab.ops import fla_adapter as lab_fla  # sets FLA_DISABLE_BACKEND_DISPATCH=1
         except Exception as exc:  # not installed (rows skipped), or broken on this stack (an error row too)
             print(f"fla not importable ({type(exc).__name__}: {exc}): the fla rows are skipped", file=sys.stderr)
             if not (isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "fla"):
@@ -231,7 +232,7 @@ class Bench:
         case = make_case(B, hk, hv, d, self.device, self.args.seed)
         args = self.validated(case)
         state_bytes = 2 * B * hv * d * d * 4
-        gdn_decode, wrapper = self.decode.gdn_decode, self.td.gdn_decode_triton
+        gdn_decode, wrapper = self.decode.function, self.td.gdn_decode_triton
         cfg = self.config(d, {})
         raw = {k: args[k] for k in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "slots")}
         ours = {
@@ -291,7 +292,7 @@ class Bench:
 
     def correctness(self, case: dict, hk: int, hv: int, B: int) -> dict:
         """Max |ours - fla| on the output, and vs the torch reference (output and state) for B <= 64."""
-        from gdn_lab.ops.gated_delta_rule.reference import gdn_decode_torch
+        from gdn_lab.ops.gdn_decode.reference import gdn_decode_torch
 
         args = self.validated(case)
         out = self.td.gdn_decode_triton(**args)
@@ -320,7 +321,7 @@ class Bench:
         for ks in sorted({1, 4, 8, 16, 32} & set(2**i for i in range(bk.bit_length()))):
             impls[f"triton-k_split={ks}"] = lambda a, ks=ks: self.td.gdn_decode_triton(**a, k_split=ks)
         if self.fla is not None:
-            from gdn_lab.ops.gated_delta_rule.fla import gdn_decode_fla
+            from gdn_lab.ops.fla_adapter import gdn_decode_fla
 
             impls["fla"] = lambda a: gdn_decode_fla(**a)
         fields = {"HK": hk, "HV": hv, "K": d, "V": d}
@@ -446,8 +447,8 @@ class Bench:
         pieces = {
             "validate(check_indices=False)": lambda: self.decode.validate(**raw, check_indices=False),
             "validate(check_indices=True)": lambda: self.decode.validate(**raw, check_indices=True),
-            "route(triton)": lambda: routing.route(self.decode.OP, args, "triton"),
-            "route(auto)": lambda: routing.route(self.decode.OP, args, "auto"),
+            "route(triton)": lambda: routing.route(self.decode.name, args, "triton"),
+            "route(auto)": lambda: routing.route(self.decode.name, args, "auto"),
         }
         for name, fn in pieces.items():
             n = 20 if self.args.smoke else 5000

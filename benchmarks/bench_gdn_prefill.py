@@ -116,7 +116,7 @@ def _sequences(lengths: list[int], seed: int, device, make: Callable[[torch.Gene
 def layer_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torch.bfloat16) -> dict[str, Any]:
     """Validated gdn_layer_prefill arguments: slots 0..N-1, initial states on, fp8 on (the device's format)."""
     from gdn_lab.device import detect
-    from gdn_lab.ops.gdn_layer import layer_prefill
+    from gdn_lab.ops.gdn_layer_prefill import validate
 
     hk, hv, d, w = shape.hk, shape.hv, shape.d, shape.width
     n, conv_dim = len(lengths), 2 * hk * d + hv * d
@@ -136,7 +136,7 @@ def layer_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torc
         return (scale * torch.randn(*size, generator=g)).to(device=device, dtype=dt)
 
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
-    return layer_prefill.validate(
+    return validate(
         qkvz, ba, conv_state, delta_state, torch.arange(n, dtype=torch.int32, device=device), cu,
         torch.ones(n, dtype=torch.bool, device=device), weight(conv_dim, w, scale=0.5), weight(conv_dim, scale=0.1),
         weight(hv, dt=torch.float32), weight(hv, dt=torch.float32), weight(d, scale=0.1) + 1.0,
@@ -146,7 +146,7 @@ def layer_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torc
 
 def prefill_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torch.bfloat16) -> dict[str, Any]:
     """Validated gdn_prefill arguments: raw gates, slots 0..N-1 of a pool of random states."""
-    from gdn_lab.ops.gated_delta_rule import prefill
+    from gdn_lab.ops.gdn_prefill import validate
 
     hk, hv, d = shape.hk, shape.hv, shape.d
 
@@ -162,7 +162,7 @@ def prefill_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=to
     A_log, dt_bias = (torch.randn(hv, generator=g).to(device) for _ in range(2))
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     slots = torch.arange(len(lengths), dtype=torch.int32, device=device)
-    return prefill.validate(q, k, v, a, b, A_log, dt_bias, cu, state, slots)
+    return validate(q, k, v, a, b, A_log, dt_bias, cu, state, slots)
 
 
 def fresh(args: dict[str, Any]) -> dict[str, Any]:
@@ -211,8 +211,8 @@ def fla_layer(args: dict[str, Any]) -> Callable[[], tuple]:
     from fla.modules.causal_conv1d import causal_conv1d
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
 
-    from gdn_lab.ops.gdn_layer.reference import FP8_GROUP, split_qkvz
-    from gdn_lab.quant import quantize_groups
+    from gdn_lab.ops.gdn_layer_prefill.reference import split_qkvz
+    from gdn_lab.quant import FP8_GROUP, quantize_groups
 
     hk, hv, d = args["num_k_heads"], args["num_v_heads"], args["head_dim"]
     cu64, slots = args["cu_seqlens"].long(), args["cache_indices"].long()

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from gdn_lab.device import fingerprint
     from gdn_lab.experiments.compare import compare
-    from gdn_lab.ops.matmul.triton_matmul import matmul_triton
+    from gdn_lab.ops.matmul.triton_kernels import matmul_triton
 
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16

@@ -27,7 +27,7 @@ def _env(args: argparse.Namespace) -> int:
     import torch
 
     from gdn_lab.device import default_device, fingerprint
-    from gdn_lab.ops import EXAMPLES
+    from gdn_lab.ops import spec
     from gdn_lab.routing import explain
 
     device = torch.device(args.device) if args.device else default_device()
@@ -37,8 +37,8 @@ def _env(args: argparse.Namespace) -> int:
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     fp = fingerprint(device)
     rows = []
-    for op, example in EXAMPLES.items():
-        rows.extend(explain(op, example(device=device, dtype=dtype)))
+    for op in spec.names():
+        rows.extend(explain(op, spec.get(op).example(device=device, dtype=dtype)))
     if args.json:
         print(json.dumps({"fingerprint": fp, "backends": rows}, indent=2, default=str))
         return 0
@@ -101,7 +101,7 @@ def _invariance(args: argparse.Namespace) -> int:
             targets=args.targets,
             batch_sizes=args.batch_sizes,
             seed=args.seed,
-            device=device,
+            device=str(device),
             dtype=args.dtype or ("float32" if device.type == "cpu" else "bfloat16"),
             kv_dtype=None if args.kv_dtype == "auto" else args.kv_dtype,
             max_context=args.max_context,
@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--archive", metavar="FILE.tar.gz", help="also pack the run directory into one archive")
     run.set_defaults(func=_run)
 
-    from gdn_lab.workloads import OPS
+    import gdn_lab.ops
 
     inv = sub.add_parser(
         "invariance",
@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         "controls) and print the table (JSON lines with --json). Exit status 0 if the backend was bitwise "
         "invariant in every comparison, 1 if not (or it covered nothing), 2 for bad input.",
     )
-    inv.add_argument("--op", required=True, choices=OPS)
+    inv.add_argument("--op", required=True, choices=gdn_lab.ops.spec.names())
     inv.add_argument("--backend", required=True, help="a backend registered for the op (see `gdn-lab env`)")
     inv.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     inv.add_argument("--targets", type=_ints, default=[1, 255, 256, 257], help="target lengths (default 1,255,256,257)")

@@ -11,6 +11,8 @@ import torch
 
 from gdn_lab.checks import FP8_DTYPES, dtype_name
 
+FP8_GROUP = 128  # values per scale of group-wise fp8 activations (block-FP8 projections)
+
 
 def fp8_max(dtype: torch.dtype) -> float:
     """Largest finite value of an fp8 dtype (448 for e4m3fn, 240 for e4m3fnuz)."""
@@ -41,7 +43,7 @@ def quantize_per_tensor(x: torch.Tensor, dtype: torch.dtype, scale: float | torc
     return xq, s
 
 
-def quantize_groups(x: torch.Tensor, dtype: torch.dtype, group: int = 128):
+def quantize_groups(x: torch.Tensor, dtype: torch.dtype, group: int = FP8_GROUP):
     """Quantize the last dim in groups of `group` values, one scale per group (block fp8).
 
     Args:
@@ -62,7 +64,7 @@ def quantize_groups(x: torch.Tensor, dtype: torch.dtype, group: int = 128):
     return xq.reshape(x.shape), scales
 
 
-def dequantize_groups(xq: torch.Tensor, scales: torch.Tensor, group: int = 128) -> torch.Tensor:
+def dequantize_groups(xq: torch.Tensor, scales: torch.Tensor, group: int = FP8_GROUP) -> torch.Tensor:
     """Inverse of `quantize_groups`, in float32."""
     n = xq.shape[-1]
     return (xq.float().reshape(*xq.shape[:-1], n // group, group) * scales[..., None]).reshape(xq.shape)

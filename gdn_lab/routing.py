@@ -1,6 +1,8 @@
 """One op, many backends: a registry per op, `route()` and `explain()`.
 
-A backend is a named object with three callables:
+A backend is a named object with three callables and metadata that says what it is (`library`,
+`emulated_arch`, `variant_control`, `rule`), so tables take their arch and their "not yet run on
+AMD hardware" mark from the backend, never from its name:
 
 - `available()` -> (ok, reason): platform and import probe; cheap and never raises.
 - `covered(args)` -> (ok, reason): the backend's shape/dtype/arch contract for one call.
@@ -16,11 +18,34 @@ A named backend is never replaced: if it cannot cover the call, `route` raises `
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 Check = tuple[bool, str]
+
+
+@dataclass(frozen=True)
+class Library:
+    """Where a backend's kernels come from.
+
+    Attributes:
+        name: "torch", "gdn_lab-triton", "fla", "aiter-triton", "aiter", "flydsl", "sglang-aiter".
+        amd: AMD's own kernels: results obtained off ROCm are "not yet run on AMD hardware".
+    """
+
+    name: str
+    amd: bool = False
+
+
+LIBRARY_TORCH = Library("torch")
+LIBRARY_TRITON = Library("gdn_lab-triton")  # our own Triton kernels
+LIBRARY_FLA = Library("fla")
+LIBRARY_AITER_TRITON = Library("aiter-triton", amd=True)  # AITER's portable Triton kernels
+LIBRARY_AITER = Library("aiter", amd=True)  # AITER's HIP / CK / ASM kernels
+LIBRARY_FLYDSL = Library("flydsl", amd=True)
+LIBRARY_SGLANG_AITER = Library("sglang-aiter", amd=True)  # SGLang's routing among AITER's kernels
+HARDWARE_NOTE = " (not yet run on AMD hardware)"
 
 # Auto-order tiers (lower runs first). A backend picks one; ties keep registration order.
 PRIORITY_AMD = 10
@@ -45,28 +70,45 @@ class Backend:
         op: the op it implements ("decode_attention", ...).
         name: the backend name used by `backend=` ("torch", "triton", ...).
         run: called with the validated arguments as keywords; returns what the op returns.
+        library: where its kernels come from (a `Library`).
         available: () -> (ok, reason); cheap, never raises.
         covered: (args) -> (ok, reason) for the validated arguments of one call.
         priority: position in the auto order (lower first).
         auto: whether `backend="auto"` may pick it.
         variant_control: a deliberately batch-variant implementation, the control every invariance
             run carries to prove it can see batch variance (never picked by auto).
+        emulated_arch: () -> the arch the library dispatches for when it runs emulated (AITER's
+            Triton kernels off ROCm are told gfx950 or gfx942), or None when it runs natively;
+            None for backends that never emulate.
+        rule: the dispatch rule its kernel follows (`gdn_lab.rules.base.DispatchRule`), or None.
         description: one line for `explain()` and `gdn-lab env`.
     """
 
     op: str
     name: str
     run: Callable[..., Any]
+    library: Library
     available: Callable[[], Check] = always_available
     covered: Callable[[Mapping[str, Any]], Check] = covers_everything
     priority: int = PRIORITY_REFERENCE
     auto: bool = True
     variant_control: bool = False
+    emulated_arch: Callable[[], str | None] | None = None
+    rule: Any = None
     description: str = ""
 
     def __post_init__(self) -> None:
         if self.variant_control and self.auto:
             raise ValueError(f"{self.op}/{self.name}: a variant control must have auto=False")
+
+    def row_arch(self, device_arch: str) -> str:
+        """The arch a result row of this backend stands for: the emulated one, else the device's."""
+        emulated = self.emulated_arch() if self.emulated_arch is not None else None
+        return emulated or device_arch
+
+    def hardware_note(self, platforms: Iterable[str]) -> str:
+        """HARDWARE_NOTE for AMD's kernels unless every run was on ROCm, else ""."""
+        return HARDWARE_NOTE if self.library.amd and set(platforms) != {"rocm"} else ""
 
     def check(self, args: Mapping[str, Any] | None) -> tuple[Check, Check | None]:
         """(availability, coverage); coverage is None when unavailable or when no call is given."""
@@ -113,26 +155,26 @@ _REGISTRY: dict[str, dict[str, Backend]] = {}
 
 
 def register(backend: Backend) -> Backend:
-    """Add a backend to its op's registry (a later registration of the same name replaces it)."""
+    """Add a backend to its op's registry (a later registration of the same name replaces it).
+
+    Op folders register their backends when `gdn_lab.ops` imports them; this module imports no op.
+    """
     _REGISTRY.setdefault(backend.op, {})[backend.name] = backend
     return backend
 
 
-def _ensure_loaded() -> None:
-    # The ops package registers every backend on import; importing it here keeps `routing`
-    # usable on its own without an import cycle at module load.
-    import gdn_lab.ops  # noqa: F401
+def unregister(op: str) -> None:
+    """Remove every backend of `op` (for tests that register a toy op)."""
+    _REGISTRY.pop(op, None)
 
 
 def ops() -> list[str]:
     """Every op with a registry."""
-    _ensure_loaded()
     return list(_REGISTRY)
 
 
 def backends(op: str) -> list[Backend]:
     """The op's backends in auto order (explicit-only backends last)."""
-    _ensure_loaded()
     if op not in _REGISTRY:
         raise ValueError(f"op: {op!r} is not known; accepted: {', '.join(_REGISTRY)}")
     regs = list(_REGISTRY[op].values())
@@ -144,7 +186,6 @@ def backend_names(op: str) -> list[str]:
 
 
 def get(op: str, name: str) -> Backend:
-    _ensure_loaded()
     found = _REGISTRY.get(op, {}).get(name)
     if found is not None:  # the hot path of every named call: no sorting
         return found
@@ -287,6 +328,9 @@ def explain(op: str, args: Mapping[str, Any] | None = None, backend: str = "auto
                 "covered": None if cov is None else cov[0],
                 "auto": b.auto,
                 "variant_control": b.variant_control,
+                "library": b.library.name,
+                "amd_library": b.library.amd,
+                "rule": getattr(b.rule, "name", None),
                 "chosen": b.name == chosen,
                 "reason": reason,
                 "description": b.description,

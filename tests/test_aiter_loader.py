@@ -64,7 +64,9 @@ def test_missing_aiter_is_a_reason_not_a_crash(fresh_loader, monkeypatch):
     assert not ok and "not installed" in reason
     with pytest.raises(aiter_loader.AiterUnavailable, match="not installed"):
         aiter_loader.load("pa_decode")
-    from gdn_lab.ops.attention import decode
+    from gdn_lab.ops import spec
+
+    decode = spec.get("decode_attention")
 
     args = decode.example(dtype=torch.float16)
     d = routing.decide("decode_attention", args, "aiter-triton-pa")

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from gdn_lab import routing
-from gdn_lab.ops import EXAMPLES
+from gdn_lab.ops import spec
 
 
 @pytest.fixture
@@ -23,6 +23,7 @@ def registry(monkeypatch):
                 "toy",
                 name,
                 run,
+                library=routing.LIBRARY_TORCH,
                 available=lambda: (ok_avail, f"{name} avail"),
                 covered=lambda args: (ok_cov and args["x"] > 0, f"{name} covers x>0" if ok_cov else f"{name} never"),
                 priority=priority,
@@ -79,7 +80,7 @@ def test_a_probe_that_raises_is_a_reason_not_a_crash(registry):
     def boom():
         raise ImportError("no such lib")
 
-    routing.register(routing.Backend("toy", "broken", lambda x: x, available=boom, priority=1))
+    routing.register(routing.Backend("toy", "broken", lambda x: x, routing.LIBRARY_TORCH, available=boom, priority=1))
     d = routing.decide("toy", {"x": 1})
     assert d.name == "slow"
     assert "ImportError: no such lib" in d.rejected["broken"]
@@ -87,7 +88,7 @@ def test_a_probe_that_raises_is_a_reason_not_a_crash(registry):
 
 def test_a_control_cannot_be_auto():
     with pytest.raises(ValueError, match="variant control must have auto=False"):
-        routing.Backend("toy", "c", lambda: None, variant_control=True)
+        routing.Backend("toy", "c", lambda: None, routing.LIBRARY_TORCH, variant_control=True)
 
 
 def test_controls_lists_only_controls(registry):
@@ -108,9 +109,9 @@ def test_lazy_imports_on_first_call():
     assert f(9.0) == 3.0
 
 
-@pytest.mark.parametrize("op", list(EXAMPLES))
+@pytest.mark.parametrize("op", spec.names())
 def test_explain_every_op_on_the_cpu(op):
-    rows = routing.explain(op, EXAMPLES[op](device="cpu", dtype=torch.float32))
+    rows = routing.explain(op, spec.get(op).example(device="cpu", dtype=torch.float32))
     names = [r["backend"] for r in rows]
     assert "torch" in names
     chosen = [r for r in rows if r["chosen"]]

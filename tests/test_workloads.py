@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from gdn_lab.ops.attention.reference import gather_request
+from gdn_lab.ops import spec
+from gdn_lab.ops.paged_kv import gather_request
 from gdn_lab.workloads import (
-    ATTENTION_OPS,
-    OPS,
     AttentionShape,
     BuildOptions,
     GDNShape,
+    LinearShape,
     alone,
     build,
     derive_seed,
@@ -18,18 +18,20 @@ from gdn_lab.workloads import (
     resolve_device,
     resolve_dtype,
     resolve_kv_dtype,
-    state_keys,
     target_request,
-    target_view,
+    view,
 )
 
 ATT = AttentionShape(4, 2, 32, page_size=4)
 GDN = GDNShape(2, 4, 32)
+SHAPES = {AttentionShape: ATT, GDNShape: GDN, LinearShape: LinearShape(32, 16)}
 OPTS = BuildOptions(dtype=torch.float32)
+# the input each op's rows are compared on (any op not listed: its first tensor argument)
+ROW_INPUT = {"gdn_decode": "v", "gdn_prefill": "v", "gdn_layer_prefill": "projected_qkvz"}
 
 
 def shape_for(op):
-    return ATT if op in ATTENTION_OPS else GDN
+    return SHAPES[spec.get(op).shape]
 
 
 def test_batches_follow_the_seed():
@@ -51,16 +53,17 @@ def test_positions_cover_the_batch():
     assert make_batch(t, 4, seed=0, position=2).position == 2
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", spec.names())
 def test_target_content_is_the_same_alone_and_in_a_batch(op):
-    t = target_request(1 if op == "gdn_decode" else 37, seed=3, new_tokens=5 if op == "prefill_attention" else None)
+    fixed = spec.get(op).fixed_length
+    t = target_request(fixed or 37, seed=3, new_tokens=5 if op == "prefill_attention" else None)
     solo = alone(t, seed=3)
-    batch = make_batch(t, 5, seed=3, max_len=1 if op == "gdn_decode" else 60, new_tokens=t.new_tokens)
+    batch = make_batch(t, 5, seed=3, max_len=fixed or 60, new_tokens=t.new_tokens)
     a1, ab = build(op, solo, shape_for(op), OPTS), build(op, batch, shape_for(op), OPTS)
-    v1, vb = target_view(op, solo, a1), target_view(op, batch, ab)
-    first = {"decode_attention": "q", "prefill_attention": "q", "gdn_layer_prefill": "projected_qkvz"}.get(op, "v")
+    v1, vb = view(op, solo, a1), view(op, batch, ab)
+    first = ROW_INPUT.get(op) or next(k for k, v in a1.items() if isinstance(v, torch.Tensor))
     assert torch.equal(a1[first][v1.rows], ab[first][vb.rows])
-    if op in ATTENTION_OPS:
+    if spec.get(op).kv_cache:
         for cache in ("k_cache", "v_cache"):
             mine = [
                 gather_request(args[cache], args["kv_indptr"].tolist(), args["kv_indices"], view, t.length, None)
@@ -71,9 +74,10 @@ def test_target_content_is_the_same_alone_and_in_a_batch(op):
         lo, hi = ab["kv_indptr"][batch.position : batch.position + 2].tolist()
         assert sorted(pages_alone) != pages_alone, "pages are shuffled over the pool"
         assert ab["kv_indices"][lo:hi].tolist() != pages_alone, "the target lands on other pages in a batch"
-    for key in state_keys(op):
+    for key in spec.get(op).states:
         assert torch.equal(a1[key][v1.slot], ab[key][vb.slot])
-        others = [s for s in range(ab[key].shape[0]) if s not in ab["cache_indices" if key != "state" else "slots"]]
+        owned = {view(op, batch, ab, i).slot for i in range(batch.size)}
+        others = [s for s in range(ab[key].shape[0]) if s not in owned]
         assert others and torch.isnan(ab[key][others]).all()
 
 
@@ -81,8 +85,8 @@ def test_prefill_attention_new_tokens_are_the_last_ones():
     t = target_request(20, seed=0, new_tokens=6)
     b = make_batch(t, 3, seed=0, max_len=30, new_tokens=6)
     args = build("prefill_attention", b, ATT, OPTS)
-    view = target_view("prefill_attention", b, args)
-    assert view.rows.stop - view.rows.start == 6
+    v = view("prefill_attention", b, args)
+    assert v.rows.stop - v.rows.start == 6
     assert args["qo_indptr"][-1] == sum(min(6, n) for n in b.lengths)
 
 

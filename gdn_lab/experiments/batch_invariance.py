@@ -1,11 +1,12 @@
 """Batch invariance: does a request get the same bits alone and inside batches?
 
 For each target length, the target runs alone, then at a random position inside batches of random
-batchmates (`gdn_lab.workloads`). Its output rows, and for the GDN ops its final delta state (and
-conv state), are compared bitwise with the alone run (`gdn_lab.experiments.compare`). Every
-requested backend runs on the same inputs, with private copies of the states it updates, and the
-op's batch-variant controls (`routing.controls(op)`) run alongside: a run whose control shows no
-difference anywhere cannot see batch variance and is flagged `insensitive`.
+batchmates (`gdn_lab.workloads`). Its output rows, and for ops with state pools its slots after the
+run, are compared bitwise with the alone run (`gdn_lab.experiments.loop.alone_vs_batched`). Every
+requested backend runs on the same inputs, and the op's batch-variant controls
+(`routing.controls(op)`) run alongside: a run whose control shows no difference anywhere cannot
+see batch variance and is flagged `insensitive`. Closeness to the op's reference backend is a
+separate column (`ref_max_abs`, and `ref_within_tolerance` where the op's spec names a tolerance).
 
 Example:
     >>> from gdn_lab.experiments.batch_invariance import batch_invariance, summarize
@@ -19,186 +20,197 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
-from gdn_lab import checks
-from gdn_lab.device import detect
-from gdn_lab.experiments.common import (
-    Ran,
-    fmt_list,
-    labeled,
-    max_abs,
-    run_backend,
-    select_backends,
-    target_tensors,
+from gdn_lab.experiments.common import fmt_list, label, max_abs
+from gdn_lab.experiments.config import (
+    ExperimentConfig,
+    check,
+    check_backends,
+    known_op,
+    positive,
+    positive_ints,
+    shape_of,
 )
-from gdn_lab.experiments.compare import compare
-from gdn_lab.experiments.table import COLUMNS, base_row
-from gdn_lab.workloads import (
-    ATTENTION_OPS,
-    DEFAULT_MAX_CONTEXT,
-    AttentionShape,
-    BuildOptions,
-    GDNShape,
-    alone,
-    build,
-    check_op,
-    make_batch,
-    resolve_device,
-    resolve_dtype,
-    resolve_kv_dtype,
-    target_request,
-    target_view,
-)
+from gdn_lab.experiments.loop import Case, Comparison, Metrics, alone_vs_batched, run_backend, select_backends
+from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
+from gdn_lab.ops import spec as op_spec
+from gdn_lab.ops.batch import BuildOptions
+from gdn_lab.workloads import DEFAULT_MAX_CONTEXT, alone, make_batch, target_request
 
 DEFAULT_TARGETS = (1, 255, 256, 257)
 DEFAULT_BATCH_SIZES = (2, 8, 33)
 
-# Columns this experiment adds to the contract columns.
-EXTRA_COLUMNS = [
-    "tensor",
-    "is_control",
-    "status",
-    "platform",
-    "ref_max_abs",
-    "batch_tokens",
-    "control_caught",
-    "insensitive",
-]
+# Columns this experiment adds to the contract and run columns.
+EXTRA_COLUMNS = ["ref_max_abs", "ref_within_tolerance", "control_caught", "insensitive"]
 
 
-@dataclass(frozen=True)
-class InvarianceConfig:
-    """One batch-invariance experiment (see `batch_invariance` for the meaning of each field)."""
+@dataclass(frozen=True, kw_only=True)
+class InvarianceConfig(ExperimentConfig):
+    """One op's batch-invariance experiment.
 
-    op: str
+    Attributes:
+        op: the op (a registered one).
+        backends: backend names to test (None: every registered backend; controls always run
+            unless include_controls is False).
+        targets: target lengths (context tokens of attention; sequence tokens of prefill ops;
+            ops with a fixed length, such as gdn_decode's one step, ignore them).
+        batch_sizes: batch sizes the target is placed in, at a seeded random position.
+        trials: batches per (target, batch size).
+        kv_dtype: the KV-cache dtype of ops with a KV cache (None: the compute dtype; "fp8": the
+            arch's fp8 format; or a compute dtype name).
+        arch: the arch whose fp8 format is used (None: the device's).
+        attention, gdn, linear: fields of the op's shape dataclass (`AttentionShape`, `GDNShape`,
+            `LinearShape`), as {name: value}; only the op's own applies.
+        min_context, max_context: batchmates' lengths are uniform in this range.
+        new_tokens: prefill over a cached context: each request's new tokens (None: all).
+        quantize_fp8: ops that can also quantize their output to group-128 fp8 compare that too.
+        include_controls: also run the op's batch-variant controls.
+        strict_backends: a named backend the op lacks is an error (True) or skipped (a list
+            shared by several ops).
+    """
+
+    op: str = field(metadata=check(known_op, "the op"))
     backends: tuple[str, ...] | None = None
-    targets: tuple[int, ...] = DEFAULT_TARGETS
-    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
-    trials: int = 1
-    seed: int = 0
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    dtype: torch.dtype = torch.bfloat16
-    kv_dtype: torch.dtype | None = None
+    targets: tuple[int, ...] = field(default=DEFAULT_TARGETS, metadata=check(positive_ints, "target lengths"))
+    batch_sizes: tuple[int, ...] = field(default=DEFAULT_BATCH_SIZES, metadata=check(positive_ints, "batch sizes"))
+    trials: int = field(default=1, metadata=check(positive, "batches per (target, batch size)"))
+    kv_dtype: str | None = None
     arch: str | None = None
-    attention: AttentionShape = field(default_factory=AttentionShape)
-    gdn: GDNShape = field(default_factory=GDNShape)
-    min_context: int = 1
-    max_context: int = DEFAULT_MAX_CONTEXT
-    new_tokens: int | None = None
+    attention: dict[str, int] | None = None
+    gdn: dict[str, int] | None = None
+    linear: dict[str, int] | None = None
+    min_context: int = field(default=1, metadata=check(positive))
+    max_context: int = field(default=DEFAULT_MAX_CONTEXT, metadata=check(positive))
+    new_tokens: int | None = field(default=None, metadata=check(positive))
     quantize_fp8: bool = False
     include_controls: bool = True
     strict_backends: bool = True
 
-    def __post_init__(self) -> None:
-        check_op(self.op)
-        for name in ("targets", "batch_sizes"):
-            values = getattr(self, name)
-            if not values:
-                raise ValueError(f"{name}: expected at least one value, got {values!r}")
-            for v in values:
-                checks.check_positive(name, v)
-        checks.check_positive("trials", self.trials)
-        checks.check_positive("max_context", self.max_context)
+    def validate(self) -> None:
+        super().validate()
+        check_backends("backends", self.op, self.backends, self.strict_backends)
+        if self.max_context < self.min_context:
+            raise ValueError(f"max_context: must be >= min_context (={self.min_context}), got {self.max_context}")
+        if self.kv_dtype is not None and not self.spec.kv_cache:
+            raise ValueError(
+                f"kv_dtype: {self.op} has no KV cache, so kv_dtype={self.kv_dtype!r} does not apply; pass null"
+            )
+        self.shape  # noqa: B018  (a bad shape field is an error now)
+        self.build_options()
 
     @property
-    def shape(self) -> AttentionShape | GDNShape:
-        return self.attention if self.op in ATTENTION_OPS else self.gdn
+    def spec(self) -> op_spec.OpSpec:
+        return op_spec.get(self.op)
+
+    @property
+    def shape(self) -> Any:
+        return shape_of(self.op, {"attention": self.attention, "gdn": self.gdn, "linear": self.linear})
 
     @property
     def effective_targets(self) -> tuple[int, ...]:
-        # A GDN decode step is one token from a state; its "length" does not exist.
-        return (1,) if self.op == "gdn_decode" else self.targets
+        # An op whose requests have a fixed length (a decode step) has no target length to vary.
+        return (self.spec.fixed_length,) if self.spec.fixed_length else self.targets
 
     def build_options(self) -> BuildOptions:
-        arch = self.arch or detect(self.device).arch
-        fp8 = resolve_kv_dtype("fp8", self.dtype, arch) if self.quantize_fp8 else None
+        arch = self.arch or self.device_arch
         return BuildOptions(
-            dtype=self.dtype, kv_dtype=self.kv_dtype, device=self.device, quantize_fp8=self.quantize_fp8, fp8_dtype=fp8
+            dtype=self.torch_dtype,
+            kv_dtype=self.kv_torch_dtype(self.kv_dtype, arch),
+            device=self.torch_device,
+            quantize_fp8=self.quantize_fp8,
+            fp8_dtype=self.kv_torch_dtype("fp8", arch) if self.quantize_fp8 else None,
         )
 
+    def cases(self) -> list[Case]:
+        """One case per target: alone, then in batch_sizes x trials batches."""
+        mate_max = self.spec.fixed_length or self.max_context
+        mate_min = min(self.min_context, mate_max)
+        opts, shape, out = self.build_options(), self.shape, []
+        for length in self.effective_targets:
+            target = target_request(length, self.seed, self.new_tokens)
+            batches = tuple(
+                (trial, make_batch(target, size, seed=self.seed, trial=trial, min_len=mate_min, max_len=mate_max,
+                                   new_tokens=self.new_tokens))
+                for size in self.batch_sizes for trial in range(self.trials)
+            )  # fmt: skip
+            out.append(Case(self.op, shape, opts, self.seed, target, batches, alone(target, self.seed), self.arch))
+        return out
 
-def make_config(
-    op: str,
-    *,
-    backends: str | Sequence[str] | None = None,
-    targets: Sequence[int] = DEFAULT_TARGETS,
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    trials: int = 1,
-    seed: int = 0,
-    device: str | torch.device = "auto",
-    dtype: str | torch.dtype = "bfloat16",
-    kv_dtype: str | torch.dtype | None = None,
-    arch: str | None = None,
-    attention: Mapping[str, int] | AttentionShape | None = None,
-    gdn: Mapping[str, int] | GDNShape | None = None,
-    min_context: int = 1,
-    max_context: int = DEFAULT_MAX_CONTEXT,
-    new_tokens: int | None = None,
-    quantize_fp8: bool = False,
-    include_controls: bool = True,
-    strict_backends: bool = True,
-) -> InvarianceConfig:
-    """An InvarianceConfig from plain values (names, lists, dicts), as notebooks and the CLI pass them."""
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype)
-    the_arch = arch or detect(dev).arch
-    return InvarianceConfig(
-        op=op,
-        backends=None if backends in (None, "all") else tuple([backends] if isinstance(backends, str) else backends),
-        targets=tuple(int(t) for t in targets),
-        batch_sizes=tuple(int(b) for b in batch_sizes),
-        trials=trials,
-        seed=seed,
-        device=dev,
-        dtype=dt,
-        kv_dtype=resolve_kv_dtype(kv_dtype, dt, the_arch) if kv_dtype is not None else None,
-        arch=arch,
-        attention=attention if isinstance(attention, AttentionShape) else AttentionShape(**(attention or {})),
-        gdn=gdn if isinstance(gdn, GDNShape) else GDNShape(**(gdn or {})),
-        min_context=min_context,
-        max_context=max_context,
-        new_tokens=new_tokens,
-        quantize_fp8=quantize_fp8,
-        include_controls=include_controls,
-        strict_backends=strict_backends,
-    )
+
+class _ReferenceCloseness(Metrics):
+    """The op's reference backend on the target alone; each batched tensor's distance to it."""
+
+    def reference(self, case: Case, args: Mapping[str, Any], view: op_spec.View) -> dict[str, torch.Tensor]:
+        spec = op_spec.get(case.op)
+        ran = run_backend(case.op, spec.reference, args)
+        return spec.tensors(ran.result, ran.args, view) if ran.status == "compared" else {}
+
+    def batched(self, c: Comparison) -> dict[str, Any]:
+        spec, value = op_spec.get(c.case.op), c.mine[c.tensor]
+        out: dict[str, Any] = {}
+        if c.tensor in c.reference:
+            out["ref_max_abs"] = max_abs(spec.as_values(c.mine, c.tensor), spec.as_values(c.reference, c.tensor))
+            try:
+                tol = spec.tolerance(c.tensor, value.dtype if value.dtype.is_floating_point else c.case.opts.dtype)
+            except ValueError:
+                tol = None
+            if tol is not None:
+                out["ref_within_tolerance"] = tol.holds(
+                    spec.as_values(c.mine, c.tensor), spec.as_values(c.reference, c.tensor)
+                )
+        return out
 
 
 def batch_invariance(op: str, *, progress: bool = True, **kwargs: Any) -> pd.DataFrame:
     """Run one op's batch-invariance experiment.
 
     Args:
-        op: decode_attention, prefill_attention, gdn_decode, gdn_prefill or gdn_layer_prefill.
+        op: a registered op (`gdn_lab.ops.spec.names()`).
         progress: show a tqdm bar on stderr.
-        **kwargs: the fields of `make_config`:
-            backends: None/"all" (every registered non-control backend) or names;
-            targets: target lengths (context tokens; sequence tokens for the prefill ops; gdn_decode
-                always uses one token);
-            batch_sizes: batch sizes the target is placed in (at a random position);
-            trials: batches per (target, batch size);
-            seed: seeds everything (the same seed gives the same table);
-            device: "auto", "cpu" or "cuda"; dtype: the compute dtype;
-            kv_dtype: attention's KV cache dtype (None: dtype; "fp8": the arch's fp8);
-            arch: the arch whose fp8 format is emulated (default: the device's);
-            attention, gdn: head counts as dicts of AttentionShape / GDNShape fields;
-            min_context, max_context: batchmates' lengths are uniform in this range;
-            new_tokens: prefill_attention's new tokens per request (None: all of them);
-            quantize_fp8: gdn_layer_prefill also compares its fp8 activations and scales;
-            include_controls: also run the op's batch-variant controls;
-            strict_backends: a named backend the op lacks raises (True) or is skipped.
+        **kwargs: the fields of `InvarianceConfig` (plain values: names, lists, dicts).
 
     Returns:
         One row per comparison (backend x target x batch size x trial x tensor): the contract
-        columns (`table.COLUMNS`) plus `EXTRA_COLUMNS`. A backend that cannot run a case gives a
-        row with covered=False and the reason; one that raises gives status="error".
+        columns (`table.COLUMNS`), `table.RUN_COLUMNS` and `EXTRA_COLUMNS`. A backend that cannot
+        run a case gives a row with covered=False and the reason; one that raises gives status="error".
     """
-    return run(make_config(op, **kwargs), progress=progress)
+    return run(InvarianceConfig(op=op, **kwargs), progress=progress)
+
+
+def configs(
+    ops: Sequence[str], op_overrides: Mapping[str, Mapping[str, Any]] | None = None, **common: Any
+) -> list[InvarianceConfig]:
+    """One InvarianceConfig per op: `common` values, replaced by `op_overrides[op]` (checked, none run).
+
+    Names in a shared `backends` list that an op lacks are skipped for that op, and a shared
+    kv_dtype applies to the ops with a KV cache only.
+
+    Raises:
+        ValueError: an unknown op, an override for an op not in `ops`, an unknown field, or a bad value.
+    """
+    overrides = dict(op_overrides or {})
+    unknown = sorted(set(overrides) - set(ops))
+    if unknown:
+        raise ValueError(f"op_overrides: {', '.join(unknown)} not in ops; accepted: {', '.join(ops)}")
+    names = {f.name for f in fields(InvarianceConfig)} - {"op"}
+    out = []
+    for op in ops:
+        if op not in op_spec.names():
+            raise ValueError(f"ops: {op!r} is not an op; accepted: {', '.join(op_spec.names())}")
+        own = dict(overrides.get(op, {}))
+        bad = sorted(set(own) - names)
+        if bad:
+            raise ValueError(f"op_overrides.{op}: {', '.join(bad)} not accepted; accepted: {', '.join(sorted(names))}")
+        shared = {"strict_backends": False, **common}
+        if not op_spec.get(op).kv_cache:
+            shared["kv_dtype"] = None
+        out.append(InvarianceConfig(op=op, **{**shared, **own}))
+    return out
 
 
 def run_ops(
@@ -207,101 +219,15 @@ def run_ops(
     progress: bool = True,
     **common: Any,
 ) -> pd.DataFrame:
-    """`batch_invariance` for several ops into one table.
-
-    Args:
-        ops: the ops, in order.
-        op_overrides: per-op replacements of any keyword of `make_config` (e.g. smaller batch sizes
-            for one op), {op: {name: value}}.
-        progress: tqdm bars on stderr.
-        **common: keywords of `make_config` shared by every op; names in a shared `backends` list
-            that an op lacks are skipped for that op.
-    """
-    overrides = dict(op_overrides or {})
-    unknown = sorted(set(overrides) - set(ops))
-    if unknown:
-        raise ValueError(f"op_overrides: {', '.join(unknown)} not in ops; accepted: {', '.join(ops)}")
-    shared = {"strict_backends": False, **common}
-    tables = [batch_invariance(op, progress=progress, **{**shared, **overrides.get(op, {})}) for op in ops]
-    return pd.concat(tables, ignore_index=True)
+    """`batch_invariance` for several ops into one table (every config checked before any runs; see `configs`)."""
+    return pd.concat([run(cfg, progress=progress) for cfg in configs(ops, op_overrides, **common)], ignore_index=True)
 
 
 def run(cfg: InvarianceConfig, progress: bool = True) -> pd.DataFrame:
     """Run a configured experiment (see `batch_invariance`)."""
     chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls, cfg.strict_backends)
-    opts = cfg.build_options()
-    arch = cfg.arch or detect(cfg.device).arch
-    kv = opts.kv_dtype if cfg.op in ATTENTION_OPS else None
-    targets = cfg.effective_targets
-    mate_max = 1 if cfg.op == "gdn_decode" else cfg.max_context
-    mate_min = min(cfg.min_context, mate_max)
-    steps = len(targets) * (1 + len(cfg.batch_sizes) * cfg.trials)
-    rows: list[dict[str, Any]] = []
-    bar = tqdm(total=steps, desc=cfg.op, disable=not progress, leave=False)
-    try:
-        for target_len in targets:
-            target = target_request(target_len, cfg.seed, cfg.new_tokens)
-            solo = alone(target, cfg.seed)
-            solo_args = build(cfg.op, solo, cfg.shape, opts)
-            solo_view = target_view(cfg.op, solo, solo_args)
-            reference = run_backend(cfg.op, "torch", solo_args)
-            ref = target_tensors(cfg.op, reference, solo_view) if reference.status == "compared" else {}
-            solos = {b.name: run_backend(cfg.op, b.name, solo_args) for b in chosen}
-            solo_out = {n: target_tensors(cfg.op, r, solo_view) for n, r in solos.items() if r.status == "compared"}
-            bar.update()
-            for batch_size in cfg.batch_sizes:
-                for trial in range(cfg.trials):
-                    batch = make_batch(
-                        target,
-                        batch_size,
-                        seed=cfg.seed,
-                        trial=trial,
-                        min_len=mate_min,
-                        max_len=mate_max,
-                        new_tokens=cfg.new_tokens,
-                    )
-                    args = build(cfg.op, batch, cfg.shape, opts)
-                    view = target_view(cfg.op, batch, args)
-                    common = dict(
-                        target_len=target_len,
-                        batch_size=batch_size,
-                        position=batch.position,
-                        trial=trial,
-                        batch_tokens=sum(batch.lengths),
-                    )
-                    for b in chosen:
-                        first = solos[b.name]
-                        ran = run_backend(cfg.op, b.name, args) if first.status == "compared" else first
-                        mine = target_tensors(cfg.op, ran, view) if ran.status == "compared" else {}
-                        rows += _rows(
-                            cfg, arch, kv, b.name, b.variant_control, ran, solo_out.get(b.name), mine, ref, common
-                        )
-                    bar.update()
-    finally:
-        bar.close()
-    return _with_sensitivity(pd.DataFrame(rows, columns=COLUMNS + EXTRA_COLUMNS))
-
-
-def _rows(cfg, arch, kv, name, is_control, ran: Ran, solo, mine, ref, common) -> list[dict[str, Any]]:
-    """The rows of one backend on one batch: one per compared tensor, or one saying why not."""
-    base = dict(
-        backend_ran=ran.backend if ran.covered else None,
-        covered=ran.covered,
-        reason=ran.error or ran.reason,
-        is_control=is_control,
-        status=ran.status,
-        platform=detect(cfg.device).platform,
-        **common,
-    )
-    row = base_row(cfg.op, name, cfg.device, cfg.dtype, kv, cfg.seed, arch=arch, **base)
-    if ran.status != "compared":
-        return [{**row, "tensor": "out"}]
-    out = []
-    for tensor, value in mine.items():
-        cmp = compare(solo[tensor], value)
-        ref_abs = max_abs(value, ref[tensor]) if tensor in ref else None
-        out.append({**row, "tensor": tensor, **cmp, "ref_max_abs": ref_abs})
-    return out
+    rows = alone_vs_batched(cfg.cases(), chosen, _ReferenceCloseness(), progress=progress, desc=cfg.op)
+    return _with_sensitivity(pd.DataFrame(rows, columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS))
 
 
 def _with_sensitivity(df: pd.DataFrame) -> pd.DataFrame:
@@ -354,7 +280,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                 "reason": (errors.reason.iloc[0] if not errors.empty else uncovered.reason.iloc[0])
                 if verdict in ("error", "not covered")
                 else "",
-                "label": labeled(str(backend), part.platform),
+                "label": label(part),
             }
         )
     return pd.DataFrame(out)

@@ -1,13 +1,14 @@
 """KV cache dtype: what the arch's fp8 cache costs in accuracy as the context grows, and invariance.
 
 For each emulated arch (its fp8 format from `gdn_lab.device.fp8_dtype_for`: float8_e4m3fnuz on
-gfx942, float8_e4m3fn on gfx950 and NVIDIA), each context length and each decode backend, the
-target runs with a cache in the compute dtype and with the arch's fp8 (fixed per-tensor scales,
-never derived from the batch). Each output is compared with
+gfx942, float8_e4m3fn on gfx950 and NVIDIA), each context length and each backend, the target runs
+with a cache in the compute dtype and with the arch's fp8 (fixed per-tensor scales, never derived
+from the batch). Each output is compared with
 
-- the fp32 reference: exact (float64) softmax over the request's unquantized K/V; the error is
-  the sum of the kernel's error and the quantization's (`ref_*`, judged by `TOLERANCES`);
-- the exact softmax over the cache it read (dequantized): the kernel's own error (`kernel_max_abs`);
+- the fp32 reference: the op's float64 oracle (`OpSpec.exact`) over the request's unquantized K/V;
+  the error is the sum of the kernel's error and the quantization's (`ref_*`, judged by the op's
+  "unquantized" tolerance);
+- the oracle over the cache it read (dequantized): the kernel's own error (`kernel_max_abs`);
 - itself inside a batch: bitwise (the contract columns).
 
 On a machine whose device does not store an arch's fp8 format (e.g. float8_e4m3fnuz on an NVIDIA
@@ -16,156 +17,149 @@ GPU), that arch's fp8 rows say so (covered=False).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
-from gdn_lab.checks import dtype_name
-from gdn_lab.device import detect, is_fp8
-from gdn_lab.experiments.common import fmt_list, labeled, rms_ratio, run_backend, select_backends, target_tensors
-from gdn_lab.experiments.compare import compare
-from gdn_lab.experiments.partition_edges import exact_decode_attention
-from gdn_lab.experiments.table import COLUMNS, base_row
-from gdn_lab.workloads import (
-    AttentionShape,
-    BuildOptions,
-    alone,
-    build,
-    make_batch,
-    resolve_device,
-    resolve_dtype,
-    resolve_kv_dtype,
-    target_request,
-    target_view,
+from gdn_lab.experiments import common
+from gdn_lab.experiments.common import fmt_list
+from gdn_lab.experiments.config import (
+    ExperimentConfig,
+    check,
+    check_backends,
+    known_op,
+    positive,
+    positive_ints,
+    shape_of,
 )
+from gdn_lab.experiments.loop import Case, Metrics, alone_vs_batched, select_backends
+from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
+from gdn_lab.ops import spec as op_spec
+from gdn_lab.ops.batch import BuildOptions
+from gdn_lab.routing import Backend
+from gdn_lab.workloads import alone, build, make_batch, target_request
 
 DEFAULT_CONTEXTS = (16, 256, 1024, 4096, 16383)
 DEFAULT_ARCHES = ("gfx942", "gfx950")
-
-# Closeness to the fp32 reference, judged as RMS(out - ref) / RMS(ref) (flash-linear-attention's
-# ratio). A cache in the compute dtype only adds the kernel's rounding; e4m3 keeps 3 mantissa bits
-# (relative step 1/8 .. 1/16), so K and V carry ~2-4 % noise, averaged down by the softmax.
-TOLERANCES: dict[str, float] = {"fp8": 0.1, "bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5}
-
-EXTRA_COLUMNS = [
-    "kv_format",
-    "is_control",
-    "status",
-    "platform",
-    "ref_max_abs",
-    "ref_rms_ratio",
-    "kernel_max_abs",
-    "tolerance",
-    "within_tolerance",
-]
+ARCHES = ("gfx942", "gfx950", "sm_90", "auto")
+EXTRA_COLUMNS = ["kv_format", "ref_max_abs", "ref_rms_ratio", "kernel_max_abs", "tolerance", "within_tolerance"]
 
 
-def _tolerance(kv_dtype: torch.dtype) -> tuple[str, float]:
-    key = "fp8" if is_fp8(kv_dtype) else dtype_name(kv_dtype)
-    limit = TOLERANCES[key]
-    return f"rms(out-ref)/rms(ref) <= {limit:g}", limit
+def _arches(name: str, value: tuple[str, ...]) -> None:
+    if not value:
+        raise ValueError(f"{name}: expected at least one arch; accepted: {', '.join(ARCHES)}")
+    for a in value:
+        if a not in ARCHES and not a.startswith("sm_"):
+            raise ValueError(f"{name}: {a!r} is not accepted; expected gfx942, gfx950, sm_XX or auto (the device's)")
 
 
-def kv_cache_dtype(
-    *,
-    backends: str | Sequence[str] | None = None,
-    arches: Sequence[str] = DEFAULT_ARCHES,
-    contexts: Sequence[int] = DEFAULT_CONTEXTS,
-    batch_size: int = 8,
-    seed: int = 0,
-    device: str | torch.device = "auto",
-    dtype: str | torch.dtype = "bfloat16",
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-    attention: Mapping[str, int] | AttentionShape | None = None,
-    max_context: int = 16383,
-    include_controls: bool = False,
-    progress: bool = True,
-) -> pd.DataFrame:
-    """Compute-dtype vs fp8 KV cache for decode attention, per emulated arch.
+@dataclass(frozen=True, kw_only=True)
+class KVCacheConfig(ExperimentConfig):
+    """Compute-dtype vs fp8 KV cache, per emulated arch.
 
-    Args:
-        backends: None/"all" (every registered decode_attention backend) or names.
+    Attributes:
+        op: an op with a KV cache and a float64 oracle.
+        backends: None (every registered backend) or names.
         arches: archs whose fp8 format is used ("gfx942", "gfx950", "sm_90", "auto" = the device's).
         contexts: target context lengths.
         batch_size: the batch the target is compared in.
-        seed: seeds every request and batch.
-        device: "auto", "cpu" or "cuda".
-        dtype: the compute dtype (q, and the non-fp8 cache).
         k_scale, v_scale: the fp8 dequantization scales (fixed).
         attention: AttentionShape fields.
         max_context: batchmates' lengths are uniform in [1, max_context].
         include_controls: also run the batch-variant controls.
+    """
+
+    op: str = field(metadata=check(known_op, "an op with a KV cache"))
+    backends: tuple[str, ...] | None = None
+    arches: tuple[str, ...] = field(default=DEFAULT_ARCHES, metadata=check(_arches, "archs whose fp8 format is used"))
+    contexts: tuple[int, ...] = field(default=DEFAULT_CONTEXTS, metadata=check(positive_ints))
+    batch_size: int = field(default=8, metadata=check(positive))
+    k_scale: float = field(default=1.0, metadata=check(positive))
+    v_scale: float = field(default=1.0, metadata=check(positive))
+    attention: dict[str, int] | None = None
+    max_context: int = field(default=16383, metadata=check(positive))
+    include_controls: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        s = op_spec.get(self.op)
+        if not s.kv_cache or s.exact is None:
+            have = [n for n in op_spec.names() if op_spec.get(n).kv_cache and op_spec.get(n).exact is not None]
+            raise ValueError(f"op: {self.op!r} needs a KV cache and a float64 oracle; accepted: {', '.join(have)}")
+        check_backends("backends", self.op, self.backends)
+        shape_of(self.op, {"attention": self.attention})
+
+    def cases(self) -> list[Case]:
+        shape = shape_of(self.op, {"attention": self.attention})
+        resolved = [self.device_arch if a == "auto" else a for a in self.arches]
+        out = []
+        for arch in resolved:
+            for fmt in ("compute", "fp8"):
+                kv = self.kv_torch_dtype("fp8" if fmt == "fp8" else self.dtype, arch)
+                opts = BuildOptions(self.torch_dtype, kv, self.k_scale, self.v_scale, self.torch_device)
+                for n in self.contexts:
+                    target = target_request(n, self.seed)
+                    batch = make_batch(target, self.batch_size, seed=self.seed, max_len=self.max_context)
+                    columns = {"kv_format": fmt}
+                    out.append(
+                        Case(
+                            self.op,
+                            shape,
+                            opts,
+                            self.seed,
+                            target,
+                            ((0, batch),),
+                            alone(target, self.seed),
+                            arch,
+                            columns,
+                        )
+                    )
+        return out
+
+
+class _ErrorVsUnquantized(Metrics):
+    def reference(self, case: Case, args: Mapping[str, Any], view: op_spec.View) -> dict[str, torch.Tensor]:
+        spec = op_spec.get(case.op)
+        plain = build(case.op, case.alone, case.shape, BuildOptions(dtype=case.opts.dtype, device=case.opts.device))
+        return {"unquantized": spec.exact(plain)[view.rows], "own": spec.exact(args)[view.rows]}
+
+    def alone(
+        self, case: Case, backend: Backend, args: Mapping, tensors: Mapping, reference: Mapping
+    ) -> dict[str, Any]:
+        mine, unq = tensors["out"], reference["unquantized"]
+        tol = op_spec.get(case.op).tolerance("out", case.opts.kv_dtype or case.opts.dtype, "unquantized")
+        return {
+            "ref_max_abs": common.max_abs(mine, unq),
+            "ref_rms_ratio": tol.measure(mine, unq),
+            "kernel_max_abs": common.max_abs(mine, reference["own"]),
+            "tolerance": tol.name,
+            "within_tolerance": tol.holds(mine, unq),
+        }
+
+
+def kv_cache_dtype(*, progress: bool = True, **kwargs: Any) -> pd.DataFrame:
+    """Run the experiment.
+
+    Args:
         progress: tqdm bar on stderr.
+        **kwargs: the fields of `KVCacheConfig` (plain values).
 
     Returns:
         One row per (arch, kv format, context, backend): contract columns (invariance in a batch),
         `kv_format` ("compute" or "fp8"), errors against the fp32 reference and the kernel's own,
         and the named tolerance.
     """
-    dev, dt = resolve_device(device), resolve_dtype(dtype)
-    shape = attention if isinstance(attention, AttentionShape) else AttentionShape(**(attention or {}))
-    chosen = select_backends("decode_attention", backends, include_controls)
-    info = detect(dev)
-    resolved = [info.arch if a == "auto" else a for a in arches]
-    cases = [(a, fmt, n) for a in resolved for fmt in ("compute", "fp8") for n in contexts]
-    rows = []
-    for arch, fmt, n in tqdm(cases, desc="kv cache dtype", disable=not progress, leave=False):
-        kv = resolve_kv_dtype("fp8" if fmt == "fp8" else None, dt, arch)
-        target = target_request(n, seed)
-        solo, batch = alone(target, seed), make_batch(target, batch_size, seed=seed, max_len=max_context)
-        common = dict(target_len=n, batch_size=batch_size, position=batch.position, trial=0, kv_format=fmt)
-        row0 = dict(platform=info.platform, **common)
-        opts = BuildOptions(dtype=dt, kv_dtype=kv, k_scale=k_scale, v_scale=v_scale, device=dev)
-        try:
-            solo_args = build("decode_attention", solo, shape, opts)
-            args = build("decode_attention", batch, shape, opts)
-        except ValueError as exc:  # the device does not store this arch's fp8 format
-            for b in chosen:
-                rows.append(
-                    base_row(
-                        "decode_attention",
-                        b.name,
-                        dev,
-                        dt,
-                        kv,
-                        seed,
-                        arch=arch,
-                        covered=False,
-                        reason=str(exc),
-                        is_control=b.variant_control,
-                        status="not covered",
-                        **row0,
-                    )  # fmt: skip
-                )
-            continue
-        reference = exact_decode_attention(build("decode_attention", solo, shape, BuildOptions(dtype=dt, device=dev)))
-        own = exact_decode_attention(solo_args)
-        view_solo, view = target_view("decode_attention", solo, solo_args), target_view("decode_attention", batch, args)
-        name, limit = _tolerance(kv)
-        for b in chosen:
-            first = run_backend("decode_attention", b.name, solo_args)
-            ran = run_backend("decode_attention", b.name, args) if first.status == "compared" else first
-            row = base_row(
-                "decode_attention", b.name, dev, dt, kv, seed, arch=arch,
-                backend_ran=b.name if ran.covered else None, covered=ran.covered, reason=ran.error or ran.reason,
-                is_control=b.variant_control, status=ran.status, **row0,
-            )  # fmt: skip
-            if ran.status == "compared":
-                mine = target_tensors("decode_attention", first, view_solo)["out"]
-                ratio = rms_ratio(mine, reference[view_solo.rows])
-                row.update(
-                    compare(mine, target_tensors("decode_attention", ran, view)["out"]),
-                    ref_max_abs=float((mine.double() - reference[view_solo.rows]).abs().max()),
-                    ref_rms_ratio=ratio,
-                    kernel_max_abs=float((mine.double() - own[view_solo.rows]).abs().max()),
-                    tolerance=name,
-                    within_tolerance=ratio <= limit,
-                )
-            rows.append(row)
-    return pd.DataFrame(rows, columns=COLUMNS + EXTRA_COLUMNS)
+    return run(KVCacheConfig(**kwargs), progress=progress)
+
+
+def run(cfg: KVCacheConfig, progress: bool = True) -> pd.DataFrame:
+    """Run a configured experiment (see `kv_cache_dtype`)."""
+    chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls)
+    rows = alone_vs_batched(cfg.cases(), chosen, _ErrorVsUnquantized(), progress=progress, desc="kv cache dtype")
+    return pd.DataFrame(rows, columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
 
 
 def headline(df: pd.DataFrame) -> str:
@@ -185,11 +179,11 @@ def headline(df: pd.DataFrame) -> str:
         "bitwise invariant with both caches"
         if variant.empty
         else "batch-variant: "
-        + ", ".join(sorted({f"{labeled(r.backend, [r.platform])}/{r.kv_dtype}" for r in variant.itertuples()}))
+        + ", ".join(sorted({f"{r.backend}{r.hardware_note or ''}/{r.kv_dtype}" for r in variant.itertuples()}))
     )
     skipped = df[df.status == "not covered"]
     if not skipped.empty:
-        names = sorted({f"{labeled(r.backend, [r.platform])}/{r.kv_dtype}" for r in skipped.itertuples()})
+        names = sorted({f"{r.backend}{r.hardware_note or ''}/{r.kv_dtype}" for r in skipped.itertuples()})
         parts.append(f"not covered: {', '.join(names)}")
     return "; ".join(parts)
 
@@ -198,8 +192,8 @@ def conclusion(df: pd.DataFrame) -> str:
     """Markdown conclusion computed from the table."""
     lines = ["## Conclusion", ""]
     done = df[df.status == "compared"]
-    for (arch, kv, backend), part in done.groupby(["arch", "kv_dtype", "backend"], sort=False):
-        label = labeled(str(backend), part.platform)
+    for (arch, kv, _backend), part in done.groupby(["arch", "kv_dtype", "backend"], sort=False):
+        label = common.label(part)
         growth = ", ".join(f"{int(r.target_len)}: {r.ref_rms_ratio:.2g}" for r in part.itertuples())
         differ = part[~part.bitwise_equal.astype(bool)].target_len.tolist()
         outside = part[~part.within_tolerance.astype(bool)].target_len.tolist()

@@ -5,13 +5,13 @@ partial output, rounds it to the query dtype and merges the partitions in a fixe
 (`torch-partitioned` mirrors it). Contexts of 1, 255, 256, 257, 511, 512, 513 tokens and many
 partitions probe the edges. For each backend and context the target is compared with
 
-- the exact softmax: float64 dense attention over the same cache (`exact_decode_attention`):
-  max abs error, max and distribution of the ulp distance to the exact value rounded to the
-  output dtype, and a named tolerance (`TOLERANCES`);
+- the exact softmax: the op's float64 oracle over the same cache (`OpSpec.exact`): max abs error,
+  max and distribution of the ulp distance to the exact value rounded to the output dtype, and
+  the op's named tolerance against it (`OpSpec.tolerance("out", dtype, "exact")`);
 - itself inside a batch of random batchmates: bitwise (the contract columns).
 
 Example:
-    >>> df = partition_edges(backends=["torch", "torch-partitioned"], contexts=[255, 257], device="cpu",
+    >>> df = partition_edges(op="decode_attention", backends=["torch", "torch-partitioned"], contexts=[255, 257], device="cpu",
     ...                      dtype="float32", attention={"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 16},
     ...                      max_context=300, batch_size=3, include_controls=False, progress=False)
     >>> df[["backend", "target_len", "partitions", "within_tolerance"]].values.tolist()[:3]
@@ -20,177 +20,134 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
-from gdn_lab.checks import dtype_name
-from gdn_lab.device import detect
-from gdn_lab.experiments.common import fmt_list, labeled, run_backend, select_backends, target_tensors
-from gdn_lab.experiments.compare import compare, ulp_distance
-from gdn_lab.experiments.table import COLUMNS, base_row
-from gdn_lab.ops.attention.reference import PARTITION_SIZE, gather_request
-from gdn_lab.workloads import (
-    AttentionShape,
-    BuildOptions,
-    alone,
-    build,
-    make_batch,
-    resolve_device,
-    resolve_dtype,
-    target_request,
-    target_view,
+from gdn_lab.experiments import common
+from gdn_lab.experiments.common import fmt_list
+from gdn_lab.experiments.compare import ulp_distance
+from gdn_lab.experiments.config import (
+    ExperimentConfig,
+    check,
+    check_backends,
+    known_op,
+    positive,
+    positive_ints,
+    shape_of,
 )
+from gdn_lab.experiments.loop import Case, Metrics, alone_vs_batched, select_backends
+from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
+from gdn_lab.ops import spec as op_spec
+from gdn_lab.ops.batch import BuildOptions
+from gdn_lab.ops.paged_kv import PARTITION_SIZE
+from gdn_lab.routing import Backend
+from gdn_lab.workloads import alone, make_batch, target_request
 
 DEFAULT_CONTEXTS = (1, 255, 256, 257, 511, 512, 513, 4095, 4096, 4097, 16383)
-
-# Closeness to the exact softmax, per output dtype: |out - exact| <= atol + rtol * |exact| everywhere.
-# bf16/fp16: a couple of output ulps (AITER rounds each partition's partial to the query dtype and
-# then rounds the merged result once more); fp32: accumulation order over up to 16k tokens.
-TOLERANCES: dict[str, tuple[float, float]] = {
-    "bfloat16": (2 * 2**-8, 2 * 2**-8),
-    "float16": (2 * 2**-11, 2 * 2**-11),
-    "float32": (1e-5, 1e-5),
-}
-
 ULP_BUCKETS = ("ulp_0", "ulp_1", "ulp_2", "ulp_gt2")
-
-EXTRA_COLUMNS = [
-    "is_control",
-    "status",
-    "platform",
-    "partitions",
-    "exact_max_abs",
-    "exact_max_ulp",
-    *ULP_BUCKETS,
-    "tolerance",
-    "within_tolerance",
-]
+EXTRA_COLUMNS = ["partitions", "exact_max_abs", "exact_max_ulp", *ULP_BUCKETS, "tolerance", "within_tolerance"]
 
 
-def exact_decode_attention(args: Mapping[str, Any]) -> torch.Tensor:
-    """Float64 dense softmax attention of every request over its (dequantized) paged context.
-
-    Independent of the torch backend's code path: it gathers the tokens and calls SDPA in float64.
-
-    Args:
-        args: validated decode_attention arguments.
-
-    Returns:
-        [B, Hq, D] float64.
-    """
-    q = args["q"]
-    indptr = args["kv_indptr"].tolist()
-    hq, hkv = q.shape[1], args["k_cache"].shape[2]
-    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
-    for b, n in enumerate(args["seq_lens"].tolist()):
-        k = gather_request(args["k_cache"], indptr, args["kv_indices"], b, n, args["k_scale"]).double()
-        v = gather_request(args["v_cache"], indptr, args["kv_indices"], b, n, args["v_scale"]).double()
-        kh = k.repeat_interleave(hq // hkv, dim=1).transpose(0, 1)  # [Hq, L, D]
-        vh = v.repeat_interleave(hq // hkv, dim=1).transpose(0, 1)
-        qh = q[b].double()[:, None, :]  # [Hq, 1, D]
-        o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, scale=args["scale"])
-        out[b] = o[:, 0, :]
-    return out
-
-
-def tolerance_for(dtype: torch.dtype) -> tuple[str, float, float]:
-    """(name, atol, rtol) of the closeness judged against the exact softmax for an output dtype."""
-    atol, rtol = TOLERANCES[dtype_name(dtype)]
-    return f"|out-exact| <= {atol:.3g} + {rtol:.3g}*|exact|", atol, rtol
-
-
-def error_vs_exact(out: torch.Tensor, exact: torch.Tensor) -> dict[str, Any]:
-    """Max abs error, ulp distance to the exact value rounded to out's dtype, and the ulp histogram."""
+def error_vs_exact(out: torch.Tensor, exact: torch.Tensor, tolerance: op_spec.Tolerance) -> dict[str, Any]:
+    """Max abs error, ulp distance to the exact value rounded to out's dtype, the ulp histogram and the tolerance."""
     ulps = ulp_distance(out, exact.to(out.dtype)).flatten().cpu()
     n = max(ulps.numel(), 1)
-    name, atol, rtol = tolerance_for(out.dtype)
-    diff = (out.double() - exact).abs()
     return {
-        "exact_max_abs": float(diff.max()),
+        "exact_max_abs": common.max_abs(out, exact),
         "exact_max_ulp": int(ulps.max()),
         "ulp_0": float((ulps == 0).sum()) / n,
         "ulp_1": float((ulps == 1).sum()) / n,
         "ulp_2": float((ulps == 2).sum()) / n,
         "ulp_gt2": float((ulps > 2).sum()) / n,
-        "tolerance": name,
-        "within_tolerance": bool((diff <= atol + rtol * exact.abs()).all()),
+        "tolerance": tolerance.name,
+        "within_tolerance": tolerance.holds(out, exact),
     }
 
 
-def partition_edges(
-    *,
-    backends: str | Sequence[str] | None = None,
-    contexts: Sequence[int] = DEFAULT_CONTEXTS,
-    batch_size: int = 8,
-    trials: int = 1,
-    seed: int = 0,
-    device: str | torch.device = "auto",
-    dtype: str | torch.dtype = "bfloat16",
-    attention: Mapping[str, int] | AttentionShape | None = None,
-    max_context: int = 16383,
-    include_controls: bool = True,
-    progress: bool = True,
-) -> pd.DataFrame:
-    """Error against the exact softmax and batch invariance of decode attention at partition edges.
+@dataclass(frozen=True, kw_only=True)
+class PartitionEdgesConfig(ExperimentConfig):
+    """Error against the exact softmax and batch invariance at partition edges.
 
-    Args:
-        backends: None/"all" (every registered decode_attention backend) or names.
+    Attributes:
+        op: an op with a KV cache and a float64 oracle (`OpSpec.exact`).
+        backends: None (every registered backend) or names.
         contexts: target context lengths.
         batch_size: the batch the target is compared in (random batchmates, random position).
         trials: batches per context.
-        seed: seeds every request and batch.
-        device: "auto", "cpu" or "cuda".
-        dtype: q's and the cache's dtype.
         attention: AttentionShape fields (head counts, head_dim, page_size).
         max_context: batchmates' lengths are uniform in [1, max_context].
         include_controls: also run the batch-variant controls.
+    """
+
+    op: str = field(metadata=check(known_op, "an op with a float64 oracle"))
+    backends: tuple[str, ...] | None = None
+    contexts: tuple[int, ...] = field(default=DEFAULT_CONTEXTS, metadata=check(positive_ints, "context lengths"))
+    batch_size: int = field(default=8, metadata=check(positive))
+    trials: int = field(default=1, metadata=check(positive))
+    attention: dict[str, int] | None = None
+    max_context: int = field(default=16383, metadata=check(positive))
+    include_controls: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        if op_spec.get(self.op).exact is None:
+            have = [n for n in op_spec.names() if op_spec.get(n).exact is not None]
+            raise ValueError(f"op: {self.op!r} has no float64 oracle (OpSpec.exact); accepted: {', '.join(have)}")
+        check_backends("backends", self.op, self.backends)
+        shape_of(self.op, {"attention": self.attention})
+
+    def cases(self) -> list[Case]:
+        shape = shape_of(self.op, {"attention": self.attention})
+        opts = BuildOptions(dtype=self.torch_dtype, device=self.torch_device)
+        out = []
+        for n in self.contexts:
+            target = target_request(n, self.seed)
+            batches = tuple(
+                (t, make_batch(target, self.batch_size, seed=self.seed, trial=t, max_len=self.max_context))
+                for t in range(self.trials)
+            )
+            columns = {"partitions": -(-n // PARTITION_SIZE)}
+            out.append(
+                Case(self.op, shape, opts, self.seed, target, batches, alone(target, self.seed), columns=columns)
+            )
+        return out
+
+
+class _ErrorVsExact(Metrics):
+    def reference(self, case: Case, args: Mapping[str, Any], view: op_spec.View) -> dict[str, torch.Tensor]:
+        return {"exact": op_spec.get(case.op).exact(args)[view.rows]}
+
+    def alone(
+        self, case: Case, backend: Backend, args: Mapping, tensors: Mapping, reference: Mapping
+    ) -> dict[str, Any]:
+        out = tensors["out"]
+        return error_vs_exact(out, reference["exact"], op_spec.get(case.op).tolerance("out", out.dtype, "exact"))
+
+
+def partition_edges(*, progress: bool = True, **kwargs: Any) -> pd.DataFrame:
+    """Run the experiment.
+
+    Args:
         progress: tqdm bar on stderr.
+        **kwargs: the fields of `PartitionEdgesConfig` (plain values).
 
     Returns:
         One row per (backend, context, trial): contract columns (the invariance comparison),
         `partitions` (ceil(context / 256)), the error against the exact softmax (`exact_*`,
         fractions of elements at 0, 1, 2 and > 2 ulps), and `tolerance` / `within_tolerance`.
     """
-    dev, dt = resolve_device(device), resolve_dtype(dtype)
-    shape = attention if isinstance(attention, AttentionShape) else AttentionShape(**(attention or {}))
-    chosen = select_backends("decode_attention", backends, include_controls)
-    opts = BuildOptions(dtype=dt, device=dev)
-    info = detect(dev)
-    rows = []
-    for n in tqdm(list(contexts), desc="partition edges", disable=not progress, leave=False):
-        target = target_request(n, seed)
-        solo = alone(target, seed)
-        solo_args = build("decode_attention", solo, shape, opts)
-        solo_view = target_view("decode_attention", solo, solo_args)
-        exact = exact_decode_attention(solo_args)[solo_view.rows]
-        batches = [
-            make_batch(target, batch_size, seed=seed, trial=t, max_len=max_context, min_len=1) for t in range(trials)
-        ]
-        built = [(b, build("decode_attention", b, shape, opts)) for b in batches]
-        for backend in chosen:
-            first = run_backend("decode_attention", backend.name, solo_args)
-            errors = {}
-            if first.status == "compared":
-                mine = target_tensors("decode_attention", first, solo_view)["out"]
-                errors = error_vs_exact(mine, exact)
-            for trial, (batch, args) in enumerate(built):
-                ran = run_backend("decode_attention", backend.name, args) if first.status == "compared" else first
-                row = base_row(
-                    "decode_attention", backend.name, dev, dt, None, seed,
-                    backend_ran=backend.name if ran.covered else None, covered=ran.covered,
-                    reason=ran.error or ran.reason, target_len=n, batch_size=batch_size, position=batch.position,
-                    trial=trial, is_control=backend.variant_control, status=ran.status, platform=info.platform,
-                    partitions=-(-n // PARTITION_SIZE), **errors,
-                )  # fmt: skip
-                if ran.status == "compared":
-                    view = target_view("decode_attention", batch, args)
-                    row.update(compare(mine, target_tensors("decode_attention", ran, view)["out"]))
-                rows.append(row)
-    return pd.DataFrame(rows, columns=COLUMNS + EXTRA_COLUMNS)
+    return run(PartitionEdgesConfig(**kwargs), progress=progress)
+
+
+def run(cfg: PartitionEdgesConfig, progress: bool = True) -> pd.DataFrame:
+    """Run a configured experiment (see `partition_edges`)."""
+    chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls)
+    rows = alone_vs_batched(cfg.cases(), chosen, _ErrorVsExact(), progress=progress, desc="partition edges")
+    return pd.DataFrame(rows, columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
 
 
 def ulp_histogram(df: pd.DataFrame) -> pd.DataFrame:
@@ -205,7 +162,7 @@ def headline(df: pd.DataFrame) -> str:
     """One line for the suite index."""
     done = df[df.status == "compared"]
     tested = done[~done.is_control.astype(bool)]
-    tested = tested.assign(label=[labeled(b, [p]) for b, p in zip(tested.backend, tested.platform)])
+    tested = tested.assign(label=tested.backend + tested.hardware_note.fillna(""))
     off = tested[~tested.within_tolerance.astype(bool)].label.unique().tolist()
     variant = tested[~tested.bitwise_equal.astype(bool)].label.unique().tolist()
     # ulps near zero count sign flips across every tiny value, so the headline gives the share of
@@ -225,9 +182,9 @@ def headline(df: pd.DataFrame) -> str:
 def conclusion(df: pd.DataFrame) -> str:
     """Markdown conclusion computed from the table."""
     lines = ["## Conclusion", ""]
-    for backend, part in df.groupby("backend", sort=False):
+    for _backend, part in df.groupby("backend", sort=False):
         done = part[part.status == "compared"]
-        label = labeled(str(backend), part.platform)
+        label = common.label(part)
         if done.empty:
             lines.append(f"- **{label}**: not run: {part.reason.iloc[0]}")
             continue

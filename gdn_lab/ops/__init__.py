@@ -1,24 +1,29 @@
 """The lab's ops: one public function per op, routed to a backend (see gdn_lab.routing).
 
-Each op family lives in its own folder with the PyTorch reference beside the kernels.
+Each op lives in its own folder, `gdn_lab/ops/<op>/`, which registers its spec (`gdn_lab.ops.spec`)
+and its backends when imported; every such folder is imported here, so a new op is a new folder.
+The public functions are also exported here by name (`gdn_lab.ops.decode_attention(...)`); an op
+folder's modules are reached with `from gdn_lab.ops.decode_attention import reference`.
 """
 
-from gdn_lab.ops.attention import decode as _decode
-from gdn_lab.ops.attention import prefill as _prefill
-from gdn_lab.ops.attention.decode import decode_attention
-from gdn_lab.ops.attention.prefill import prefill_attention
-from gdn_lab.ops.gated_delta_rule import decode as _gdn_decode
-from gdn_lab.ops.gated_delta_rule import prefill as _gdn_prefill
-from gdn_lab.ops.gated_delta_rule.decode import gdn_decode
-from gdn_lab.ops.gated_delta_rule.prefill import gdn_prefill
-from gdn_lab.ops.gdn_layer import conv_update as _conv_update
-from gdn_lab.ops.gdn_layer import layer_prefill as _layer_prefill
-from gdn_lab.ops.gdn_layer.conv_update import causal_conv1d_update
-from gdn_lab.ops.gdn_layer.layer_prefill import gdn_layer_prefill
-from gdn_lab.ops.matmul import gemm as _matmul
-from gdn_lab.ops.matmul.gemm import matmul
-from gdn_lab.ops.rmsnorm import rmsnorm as _rmsnorm
-from gdn_lab.ops.rmsnorm.rmsnorm import rms_norm
+import importlib
+import pkgutil
+
+from gdn_lab.ops import spec
+
+# Op folders: the subpackages of this package (shared helper modules are plain modules).
+for _info in pkgutil.iter_modules(__path__):
+    if _info.ispkg:
+        importlib.import_module(f"{__name__}.{_info.name}")
+
+from gdn_lab.ops.causal_conv1d_update import causal_conv1d_update  # noqa: E402
+from gdn_lab.ops.decode_attention import decode_attention  # noqa: E402
+from gdn_lab.ops.gdn_decode import gdn_decode  # noqa: E402
+from gdn_lab.ops.gdn_layer_prefill import gdn_layer_prefill  # noqa: E402
+from gdn_lab.ops.gdn_prefill import gdn_prefill  # noqa: E402
+from gdn_lab.ops.matmul import matmul  # noqa: E402
+from gdn_lab.ops.prefill_attention import prefill_attention  # noqa: E402
+from gdn_lab.ops.rms_norm import rms_norm  # noqa: E402
 
 __all__ = [
     "causal_conv1d_update",
@@ -29,16 +34,5 @@ __all__ = [
     "matmul",
     "prefill_attention",
     "rms_norm",
+    "spec",
 ]
-
-# A small validated call per op, for explain() in `gdn-lab env` and for tests.
-EXAMPLES = {
-    "decode_attention": _decode.example,
-    "prefill_attention": _prefill.example,
-    "gdn_decode": _gdn_decode.example,
-    "gdn_prefill": _gdn_prefill.example,
-    "gdn_layer_prefill": _layer_prefill.example,
-    "causal_conv1d_update": _conv_update.example,
-    "matmul": _matmul.example,
-    "rms_norm": _rmsnorm.example,
-}

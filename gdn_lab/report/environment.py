@@ -7,7 +7,11 @@ import torch
 
 from gdn_lab import routing
 from gdn_lab.device import fingerprint
-from gdn_lab.experiments.common import hardware_note
+from gdn_lab.ops import spec as op_spec
+
+
+def _note(amd_library: bool, platform: str) -> str:
+    return routing.HARDWARE_NOTE if amd_library and platform != "rocm" else ""
 
 
 def fingerprint_table(device: torch.device | str) -> pd.DataFrame:
@@ -16,21 +20,15 @@ def fingerprint_table(device: torch.device | str) -> pd.DataFrame:
 
 
 def routing_table(device: torch.device | str, dtype: torch.dtype = torch.float32) -> pd.DataFrame:
-    """`routing.explain` of every registered op on its small example call (gdn_lab.ops.EXAMPLES).
-
-    Ops without an example are explained for availability only (covered is then empty).
+    """`routing.explain` of every registered op on its small example call (`OpSpec.example`).
 
     Returns:
         One row per (op, backend): available, covered, auto, variant_control, chosen (what auto
         runs), reason, description, and `state`: "auto picks", "runs", "not covered", "unavailable".
     """
-    from gdn_lab.ops import EXAMPLES
-
     rows = []
-    for op in routing.ops():
-        example = EXAMPLES.get(op)
-        args = example(device=device, dtype=dtype) if example is not None else None
-        rows.extend(routing.explain(op, args))
+    for op in op_spec.names():
+        rows.extend(routing.explain(op, op_spec.get(op).example(device=device, dtype=dtype)))
     df = pd.DataFrame(rows)
     df["state"] = [
         "auto picks" if r.chosen else ("runs" if r.covered else ("not covered" if r.available else "unavailable"))
@@ -42,9 +40,7 @@ def routing_table(device: torch.device | str, dtype: torch.dtype = torch.float32
 def headline(table: pd.DataFrame, platform: str) -> str:
     """One line: how many backends run here, and what auto picks per op."""
     runs = table[table.state.isin(["auto picks", "runs"])]
-    picks = ", ".join(
-        f"{r.op}: {r.backend}{hardware_note(r.backend, [platform])}" for r in table[table.chosen].itertuples()
-    )
+    picks = ", ".join(f"{r.op}: {r.backend}{_note(r.amd_library, platform)}" for r in table[table.chosen].itertuples())
     return f"{len(runs)} of {len(table)} registered backends run here on a small call; auto picks {picks}"
 
 
@@ -57,6 +53,6 @@ def conclusion(table: pd.DataFrame, platform: str) -> str:
         lines.append(f"**{op}**: auto picks **{pick}**.")
         for r in part[~part.chosen].itertuples():
             kind = " (batch-variant control)" if r.variant_control else ""
-            lines.append(f"- {r.backend}{kind}{hardware_note(r.backend, [platform])}: {r.state}: {r.reason}")
+            lines.append(f"- {r.backend}{kind}{_note(r.amd_library, platform)}: {r.state}: {r.reason}")
         lines.append("")
     return "\n".join(lines)

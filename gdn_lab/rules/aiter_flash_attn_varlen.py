@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from gdn_lab import checks
+from gdn_lab.rules.base import CallRule
 
 SOURCE = (
     "amd-aiter 0.1.7.post2.dev18, aiter/ops/triton/_triton_kernels/mha.py::_get_config + configs/*-MHA-DEFAULT.json"
@@ -71,3 +72,13 @@ def numerics_key(prediction: Prediction, seq_len: int) -> str:
 def expect(alone_key: str, batch_key: str) -> str:
     """ "equal" when both launches give the request the same numerics key, else "switch"."""
     return "equal" if alone_key == batch_key else "switch"
+
+
+# The rule as the lab's backend carries it (`gdn_lab.rules.base.DispatchRule`).
+DISPATCH = CallRule(
+    "aiter_flash_attn_varlen",
+    SOURCE,
+    lambda args, env: predict(env.arch, args["q"].dtype),
+    lambda p, args, i: numerics_key(p, int(args["seq_lens"][i])),
+    expect,
+)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gdn_lab import checks
+from gdn_lab.rules.base import CallRule
 
 SOURCE = "amd-aiter 0.1.7.post2.dev18, aiter/ops/triton/pa_decode.py::paged_attention_decode"
 
@@ -114,3 +115,13 @@ def predict_call(args: Mapping[str, Any], rule: PaDecodeRule = RULE) -> Predicti
 def expect(alone_key: str, batch_key: str) -> str:
     """ "equal" when both launches give the request the same numerics key, else "switch"."""
     return "equal" if alone_key == batch_key else "switch"
+
+
+# The rule as the lab's backend carries it (`gdn_lab.rules.base.DispatchRule`).
+DISPATCH = CallRule(
+    "aiter_pa_decode",
+    SOURCE,
+    lambda args, env: predict_call(args),
+    lambda p, args, i: numerics_key(p, int(args["seq_lens"][i])),
+    expect,
+)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gdn_lab import checks
+from gdn_lab.rules.base import CallRule
 
 SOURCE = "amd-aiter 0.1.7.post2.dev18, aiter/ops/triton/unified_attention.py::unified_attention/use_2d_kernel/select_3d_config"
 
@@ -207,3 +208,13 @@ def predict_call(args: Mapping[str, Any], num_cus: int, rule: UnifiedAttentionRu
         num_cus=num_cus,
         rule=rule,
     )
+
+
+# The rule as the lab's backend carries it (`gdn_lab.rules.base.DispatchRule`).
+DISPATCH = CallRule(
+    "aiter_unified_attention",
+    SOURCE,
+    lambda args, env: predict_call(args, env.num_cus),
+    lambda p, args, i: numerics_key(p, int(args["seq_lens"][i])),
+    expect,
+)

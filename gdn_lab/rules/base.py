@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,3 +66,30 @@ class DispatchRule(Protocol):
     def expect(self, alone_key: str, batched_key: str) -> str:
         """One of EXPECTATIONS for a request whose keys alone and batched are given."""
         ...
+
+
+@dataclass(frozen=True)
+class CallRule:
+    """A DispatchRule made of a rule module's functions.
+
+    Attributes:
+        name: short name.
+        source: what the rule was read from.
+        launch: (validated args, env) -> the module's prediction of the launch (with `variant` and
+            `reason` attributes).
+        key: (that prediction, validated args, request index) -> the request's numerics key.
+        compare: (alone key, batched key) -> one of EXPECTATIONS.
+    """
+
+    name: str
+    source: str
+    launch: Callable[[Mapping[str, Any], RuleEnv], Any]
+    key: Callable[[Any, Mapping[str, Any], int], str]
+    compare: Callable[[str, str], str]
+
+    def predict(self, args: Mapping[str, Any], request: int, env: RuleEnv) -> Predicted:
+        launch = self.launch(args, env)
+        return Predicted(launch.variant, self.key(launch, args, request), launch.reason)
+
+    def expect(self, alone_key: str, batched_key: str) -> str:
+        return self.compare(alone_key, batched_key)

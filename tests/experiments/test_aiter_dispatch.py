@@ -13,21 +13,24 @@ import torch
 from gdn_lab import aiter_loader
 from gdn_lab.experiments.aiter_dispatch import (
     OUTCOMES,
+    DispatchConfig,
     aiter_dispatch_by_op,
     conclusion,
     headline,
     invariance_map,
-    make_config,
     misses,
     outcome,
     outcome_map,
+    ruled_backends,
     summarize,
 )
 from gdn_lab.experiments.table import COLUMNS
 
 SMOKE = dict(
-    decode={"targets": [20, 1100], "batch_sizes": [2, 17], "max_context": 64},
-    prefill={"targets": [20], "batch_sizes": [2], "max_context": 16},
+    ops={
+        "decode_attention": {"targets": [20, 1100], "batch_sizes": [2, 17], "max_context": 64},
+        "prefill_attention": {"targets": [20], "batch_sizes": [2], "max_context": 16},
+    },
     num_cus=1,
     attention={"num_q_heads": 32, "num_kv_heads": 2, "head_dim": 16},
     progress=False,
@@ -50,17 +53,28 @@ def test_outcomes():
 
 def test_config_validation():
     with pytest.raises(ValueError, match="backends"):
-        make_config(backends=["aiter-triton-nope"])
+        DispatchConfig(backends=["aiter-triton-nope"])
     with pytest.raises(ValueError, match="arch"):
-        make_config(arch="gfx90a")
+        DispatchConfig(arch="gfx90a")
     with pytest.raises(ValueError, match="max_context"):
-        make_config(min_context=10, max_context=5)
-    assert make_config(attention={"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16}).attention.page_size == 16
+        DispatchConfig(min_context=10, max_context=5)
+    with pytest.raises(ValueError, match="no backend that carries a dispatch rule"):
+        aiter_dispatch_by_op({"gdn_prefill": {}})
+    assert (
+        DispatchConfig(attention={"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16}).shapes["attention"]["page_size"]
+        == 16
+    )
+
+
+def test_ruled_backends_are_found_through_their_metadata():
+    names = {b.name for b in ruled_backends()}
+    assert {"aiter-triton-pa", "aiter-triton-unified", "aiter-triton-mha"} <= names
+    assert all(b.rule.source and b.library.amd for b in ruled_backends())
 
 
 @pytest.mark.skipif(not aiter_loader.probe().installed, reason="amd-aiter is not installed")
 def test_smoke_run_meets_every_prediction(device):
-    df = aiter_dispatch_by_op(device=device, **SMOKE)
+    df = aiter_dispatch_by_op(device=str(device), **SMOKE)
     assert list(df.columns[: len(COLUMNS)]) == COLUMNS and "predicted_variant" in df.columns
     decode = df[df.op == "decode_attention"]
     assert len(decode) == 2 * 2 * 2 and decode.covered.all() and (decode.status == "compared").all()

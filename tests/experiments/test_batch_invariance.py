@@ -8,7 +8,7 @@ import pytest
 from gdn_lab import routing
 from gdn_lab.experiments import batch_invariance as bi
 from gdn_lab.experiments.table import COLUMNS
-from gdn_lab.ops.attention.reference import decode_attention_torch
+from gdn_lab.ops.decode_attention.reference import decode_attention_torch
 
 ATT = {"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 16}
 GDN = {"num_k_heads": 1, "num_v_heads": 2, "head_dim": 16}
@@ -26,12 +26,25 @@ def test_backends():
         return out + 1e-3 * (args["q"].shape[0] - 1)
 
     specs = [
-        routing.Backend("decode_attention", "test-variant", variant, auto=False, variant_control=True),
-        routing.Backend("decode_attention", "test-blind", decode_attention_torch, auto=False, variant_control=True),
         routing.Backend(
-            "decode_attention", "test-uncovered", decode_attention_torch, covered=lambda a: (False, "test: never")
+            "decode_attention", "test-variant", variant, routing.LIBRARY_TORCH, auto=False, variant_control=True
         ),
-        routing.Backend("decode_attention", "test-raises", lambda **a: 1 / 0),
+        routing.Backend(
+            "decode_attention",
+            "test-blind",
+            decode_attention_torch,
+            routing.LIBRARY_TORCH,
+            auto=False,
+            variant_control=True,
+        ),
+        routing.Backend(
+            "decode_attention",
+            "test-uncovered",
+            decode_attention_torch,
+            routing.LIBRARY_TORCH,
+            covered=lambda a: (False, "test: never"),
+        ),
+        routing.Backend("decode_attention", "test-raises", lambda **a: 1 / 0, routing.LIBRARY_TORCH),
     ]
     for b in specs:
         routing.register(b)
@@ -58,7 +71,7 @@ def test_torch_reference_is_bitwise_invariant(op, extra):
         "prefill_attention": {"out"},
         "gdn_decode": {"out", "state"},
         "gdn_prefill": {"out", "state"},
-        "gdn_layer_prefill": {"out", "fp8", "fp8_scales", "state", "conv_state"},
+        "gdn_layer_prefill": {"normalized", "quantized", "scales", "delta_state", "conv_state"},
     }[op]
     assert set(df.tensor) == expected
     targets = (1,) if op == "gdn_decode" else tuple(extra["targets"])
@@ -187,7 +200,12 @@ def test_run_ops_shares_backend_lists_and_checks_overrides():
         ({"targets": []}, "targets"),
         ({"batch_sizes": [0]}, "batch_sizes"),
         ({"trials": 0}, "trials"),
-        ({"backends": ["no-such-backend"]}, "accepted: auto"),
+        (
+            {"backends": ["no-such-backend"]},
+            "backends: 'no-such-backend' is not a backend of decode_attention; accepted: ",
+        ),
+        ({"attention": {"num_q_heads": 4, "heads": 2}}, "attention: .*accepted fields: num_q_heads"),
+        ({"trials": "3"}, "trials: expected an integer"),
         ({"dtype": "int8"}, "dtype"),
         ({"kv_dtype": "fp4"}, "kv_dtype"),
     ],
@@ -200,6 +218,11 @@ def test_bad_parameters_fail_before_running(kwargs, match):
 def test_unknown_op_is_rejected():
     with pytest.raises(ValueError, match="op: 'mm'"):
         bi.batch_invariance("mm", **SMALL)
+
+
+def test_kv_dtype_on_an_op_without_a_kv_cache_is_rejected():
+    with pytest.raises(ValueError, match="kv_dtype: gdn_decode has no KV cache"):
+        bi.batch_invariance("gdn_decode", kv_dtype="fp8", **SMALL)
 
 
 def test_docstring_example():

@@ -5,7 +5,7 @@ import pytest
 
 from gdn_lab import routing
 from gdn_lab.experiments import fused_prefill_parity as fp
-from gdn_lab.ops.gdn_layer.reference import gdn_layer_prefill_torch
+from gdn_lab.ops.gdn_layer_prefill.reference import gdn_layer_prefill_torch
 
 GDN = {"num_k_heads": 1, "num_v_heads": 2, "head_dim": 64}
 
@@ -18,8 +18,8 @@ def chains():
         return normalized * 1.1, quantized, scales
 
     specs = [
-        routing.Backend("gdn_layer_prefill", "test-copy", gdn_layer_prefill_torch, auto=False),
-        routing.Backend("gdn_layer_prefill", "test-perturbed", perturbed, auto=False),
+        routing.Backend("gdn_layer_prefill", "test-copy", gdn_layer_prefill_torch, routing.LIBRARY_TORCH, auto=False),
+        routing.Backend("gdn_layer_prefill", "test-perturbed", perturbed, routing.LIBRARY_TORCH, auto=False),
     ]
     for b in specs:
         routing.register(b)
@@ -30,13 +30,14 @@ def chains():
 
 def test_parity_against_the_torch_chain(chains):
     df = fp.fused_prefill_parity(
+        op="gdn_layer_prefill",
         backends=["test-copy", "test-perturbed"], targets=[5, 65], batch_sizes=[1, 3], device="cpu",
         dtype="float32", gdn=GDN, max_context=20, progress=False,
     )  # fmt: skip
-    assert set(df.tensor) == {"normalized", "conv_state", "delta_state", "fp8"}
+    assert set(df.tensor) == {"normalized", "quantized", "scales", "conv_state", "delta_state"}
     copy, bad = df[df.backend == "test-copy"], df[df.backend == "test-perturbed"]
     assert copy.bitwise_equal.astype(bool).all() and copy.within_tolerance.astype(bool).all()
-    assert (copy.rel_mae == 0).all() and (copy[copy.tensor == "fp8"].codes_equal == 1).all()
+    assert (copy.rel_mae == 0).all() and (copy[copy.tensor == "quantized"].codes_equal == 1).all()
     judged = bad.set_index(["target_len", "batch_size", "tensor"]).within_tolerance.astype(bool)
     assert not judged.xs("normalized", level="tensor").any()
     assert not judged.xs("delta_state", level="tensor").any()
@@ -48,6 +49,6 @@ def test_parity_against_the_torch_chain(chains):
 
 def test_no_fused_backend_is_a_headline_not_a_crash(chains):
     df = fp.fused_prefill_parity(
-        backends=["torch"], targets=[3], batch_sizes=[1], device="cpu", gdn=GDN, progress=False
+        op="gdn_layer_prefill", backends=["torch"], targets=[3], batch_sizes=[1], device="cpu", gdn=GDN, progress=False
     )
     assert df.empty and fp.headline(df).startswith("no fused backend ran")

@@ -9,6 +9,7 @@ ATT = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32}
 
 def test_fp8_per_arch_against_the_fp32_reference():
     df = kv.kv_cache_dtype(
+        op="decode_attention",
         backends=["torch"], arches=["gfx942", "gfx950"], contexts=[16, 300], batch_size=3, device="cpu",
         dtype="bfloat16", attention=ATT, max_context=64, progress=False,
     )  # fmt: skip
@@ -28,4 +29,6 @@ def test_fp8_per_arch_against_the_fp32_reference():
 
 def test_unknown_arch_is_rejected():
     with pytest.raises(ValueError, match="arch"):
-        kv.kv_cache_dtype(backends=["torch"], arches=["gfx90a"], contexts=[4], device="cpu", progress=False)
+        kv.kv_cache_dtype(
+            op="decode_attention", backends=["torch"], arches=["gfx90a"], contexts=[4], device="cpu", progress=False
+        )

@@ -8,9 +8,11 @@ import torch.nn.functional as F
 
 from gdn_lab.experiments import partition_edges as pe
 from gdn_lab.experiments.table import COLUMNS
+from gdn_lab.ops import spec
 from gdn_lab.workloads import AttentionShape, BuildOptions, alone, build, target_request
 
 ATT = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16}
+TOL = spec.get("decode_attention").tolerance("out", torch.bfloat16, "exact")
 SMALL = dict(device="cpu", attention=ATT, max_context=64, batch_size=3, progress=False, include_controls=False)
 
 
@@ -25,13 +27,15 @@ def test_exact_reference_matches_a_dense_softmax_over_unpaged_kv():
     q = args["q"][0].double()  # [Hq, D]
     kh, vh = (x.double().repeat_interleave(2, dim=1).transpose(0, 1) for x in (k, v))
     dense = F.softmax(q[:, None, :] @ kh.transpose(1, 2) * 16**-0.5, dim=-1) @ vh
-    torch.testing.assert_close(pe.exact_decode_attention(args)[0], dense[:, 0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(spec.get("decode_attention").exact(args)[0], dense[:, 0], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_references_within_tolerance_and_invariant(dtype):
     contexts = [1, 255, 256, 257, 513]
-    df = pe.partition_edges(backends=["torch", "torch-partitioned"], contexts=contexts, dtype=dtype, **SMALL)
+    df = pe.partition_edges(
+        op="decode_attention", backends=["torch", "torch-partitioned"], contexts=contexts, dtype=dtype, **SMALL
+    )
     assert list(df.columns[: len(COLUMNS)]) == COLUMNS
     assert (df.status == "compared").all()
     assert df.within_tolerance.astype(bool).all() and df.bitwise_equal.astype(bool).all()
@@ -51,8 +55,8 @@ def test_references_within_tolerance_and_invariant(dtype):
 
 def test_tolerance_catches_a_wrong_result():
     exact = torch.linspace(-2, 2, 64, dtype=torch.float64)
-    good = pe.error_vs_exact(exact.to(torch.bfloat16), exact)
-    bad = pe.error_vs_exact((exact * 1.05).to(torch.bfloat16), exact)
+    good = pe.error_vs_exact(exact.to(torch.bfloat16), exact, TOL)
+    bad = pe.error_vs_exact((exact * 1.05).to(torch.bfloat16), exact, TOL)
     assert good["within_tolerance"] and good["exact_max_ulp"] == 0
     assert not bad["within_tolerance"] and bad["exact_max_ulp"] > 2
 

@@ -1,5 +1,121 @@
-"""matmul: a model layer's projection x [M, K] @ w [K, N] (reference beside the kernels)."""
+"""matmul: x [M, K] @ w [K, N], the projection of a model layer, with batch-invariant and variant backends.
 
-from gdn_lab.ops.matmul.gemm import matmul
+The op's folder: this spec (with the torch backends), the reference (`reference.py`) and our
+Triton kernels (`triton.py`).
 
-__all__ = ["matmul"]
+A row of the output must not depend on how many rows (tokens) are multiplied with it. cuBLAS
+picks its kernel, tiles and split-K from M, so `torch.matmul` is the batch-variant control
+(`torch-native`); our Triton kernel (`triton`) keeps one tile configuration per dtype and never
+splits K.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from gdn_lab import checks
+from gdn_lab.ops import spec
+from gdn_lab.ops.batch import Batch, BuildOptions, LinearShape, randn, request_rows, rows
+from gdn_lab.ops.matmul.reference import matmul_native, matmul_torch
+from gdn_lab.routing import LIBRARY_TORCH, PRIORITY_REFERENCE, Backend, dispatch, register
+
+OP = "matmul"
+
+
+def validate(x, w) -> dict[str, Any]:
+    """Check a matmul call; return the arguments every backend's `run` receives."""
+    dims = checks.Dims()
+    checks.check_tensor("x", x, "M K", dims, checks.FLOAT_DTYPES)
+    checks.check_tensor("w", w, "K N", dims, (x.dtype,), x.device)
+    for label in ("M", "K", "N"):
+        if dims[label] == 0:
+            raise ValueError(f"{label}: must be > 0 ({dims.where(label)})")
+    return {"x": x, "w": w}
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """x @ w with float32 accumulation (float64 for the `torch` reference), rounded once to x's dtype.
+
+    Args:
+        x: [M, K] bf16, fp16 or fp32 (M rows: tokens).
+        w: [K, N] in x's dtype; any strides (pass `linear.weight.t()` for an nn.Linear weight).
+        backend: "auto" or a name from `gdn_lab.routing.backend_names("matmul")`: `torch` (the
+            float64 reference), `triton` (batch-invariant), `torch-native` (torch.matmul: the
+            batch-variant control), `triton-splitk-by-batch` (a split-K control).
+
+    Returns:
+        [M, N] in x's dtype.
+
+    Raises:
+        ValueError: bad input (the message names the parameter and what is accepted).
+        NotCovered: the named backend cannot run this call.
+
+    Example:
+        >>> import torch
+        >>> x, w = torch.randn(3, 8), torch.randn(8, 5)
+        >>> matmul(x, w, backend="torch").shape
+        torch.Size([3, 5])
+    """
+    return dispatch(OP, validate(x, w), backend)[0]
+
+
+def example(device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """Validated arguments of a tiny call (M 3, K 40, N 24)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 40, generator=g).to(device=device, dtype=dtype)
+    w = torch.randn(40, 24, generator=g).to(device=device, dtype=dtype)
+    return validate(x, w)
+
+
+def build(batch: Batch, shape: LinearShape, opts: BuildOptions) -> dict[str, Any]:
+    """Validated arguments for a batch: each request's `length` token rows, one shared weight."""
+    w = randn(opts.weights_seed, "w", shape.hidden, shape.out_features, scale=shape.hidden**-0.5)
+    return validate(rows(batch, opts, "x", shape.hidden), w.to(opts.device, opts.dtype))
+
+
+def view(batch: Batch, args: Mapping[str, Any], request: int) -> spec.View:
+    """Request `request` owns its `length` rows, packed in batch order."""
+    return spec.View(request_rows(batch, request))
+
+
+SPEC = spec.register(
+    spec.OpSpec(
+        name=OP,
+        function=matmul,
+        validate=validate,
+        example=example,
+        shape=LinearShape,
+        build=build,
+        outputs=("out",),
+        view=view,
+        description="a projection x [M, K] @ w [K, N], one output row per token",
+    )
+)
+
+register(
+    Backend(
+        OP,
+        "torch",
+        matmul_torch,
+        library=LIBRARY_TORCH,
+        priority=PRIORITY_REFERENCE,
+        description="float64 accumulation, rounded once (ground truth)",
+    )
+)
+register(
+    Backend(
+        OP,
+        "torch-native",
+        matmul_native,
+        library=LIBRARY_TORCH,
+        priority=PRIORITY_REFERENCE,
+        auto=False,
+        variant_control=True,
+        description="CONTROL: torch.matmul (cuBLAS on the GPU picks kernels by M)",
+    )
+)
+
+from gdn_lab.ops.matmul import triton  # noqa: E402, F401  (its backends)

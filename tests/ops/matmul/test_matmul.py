@@ -62,7 +62,7 @@ def test_torch_native_control_varies(device):
 
 
 def test_splitk_control_varies(device):
-    from gdn_lab.ops.matmul.triton_matmul import matmul_config, splitk_for_batch
+    from gdn_lab.ops.matmul.triton_kernels import matmul_config, splitk_for_batch
 
     dtype = torch.float32
     cfg = matmul_config(dtype)
@@ -77,8 +77,8 @@ def test_splitk_control_varies(device):
 
 
 def test_controls_are_registered_as_controls():
-    from gdn_lab.ops.matmul.gemm import matmul_native
-    from gdn_lab.ops.matmul.triton_matmul import matmul_splitk_by_batch
+    from gdn_lab.ops.matmul.reference import matmul_native
+    from gdn_lab.ops.matmul.triton_kernels import matmul_splitk_by_batch
 
     for name, fn in (("torch-native", matmul_native), ("triton-splitk-by-batch", matmul_splitk_by_batch)):
         b = get(OP, name)

@@ -1,0 +1,143 @@
+"""gdn_prefill `triton` (chunked) and its control `triton-chunk-by-batch`: against the torch references,
+bitwise alone vs batched, and the control caught varying with the batch.
+
+Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py), on tiny shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdn_lab.ops import delta_rule, spec
+from gdn_lab.routing import decide, get
+
+prefill = spec.get("gdn_prefill")
+
+OP = "gdn_prefill"
+
+
+def sequence(seed: int, length: int, hk: int, hv: int, d: int, dtype: torch.dtype, unit_k: bool = False):
+    """One sequence's inputs and initial state, from its own seed (the same whatever its batch)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(length, hk, d, generator=g), torch.randn(length, hk, d, generator=g)
+    if unit_k:  # without the in-kernel L2 norm, keep |k| near 1 so the recurrence stays bounded
+        q, k = q / d**0.5, k / d**0.5
+    v = torch.randn(length, hv, d, generator=g)
+    a, b = torch.randn(length, hv, generator=g), torch.randn(length, hv, generator=g)
+    h0 = 0.1 * torch.randn(hv, d, d, generator=g)
+    return [x.to(dtype) for x in (q, k, v, a, b)] + [h0]
+
+
+def batch_args(seeds, lengths, slots, *, hk=2, hv=4, d=32, dtype=torch.float32, spare=2, unit_k=False, **kw):
+    """Validated gdn_prefill arguments: sequences in order, states at `slots` of a NaN-padded pool."""
+    seqs = [sequence(s, n, hk, hv, d, dtype, unit_k) for s, n in zip(seeds, lengths)]
+    g = torch.Generator().manual_seed(1234)
+    A_log, dt_bias = torch.randn(hv, generator=g), torch.randn(hv, generator=g)
+    state = torch.full((len(lengths) + spare, hv, d, d), float("nan"))
+    for slot, seq in zip(slots, seqs):
+        if slot >= 0:
+            state[slot] = seq[5]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    cat = [torch.cat([s[i] for s in seqs]) for i in range(5)]
+    return prefill.validate(*cat, A_log, dt_bias, cu, state, torch.tensor(slots, dtype=torch.int32), **kw)
+
+
+def run(backend: str, args: dict):
+    """(output, state pool after) of one call on private copies."""
+    mine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    return get(OP, backend).run(**mine), mine["state"]
+
+
+def rel_mae(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.float() - ref.float()).abs().mean() / ref.float().abs().mean())
+
+
+CASES = [
+    pytest.param(1, 2, 16, (1, 5, 63, 64, 65, 130), [3, 0, 5, -1, 1, 2], True, id="hk1-hv2-d16-edges-pad"),
+    pytest.param(2, 4, 32, (64, 65), [1, 0], True, id="hk2-hv4-d32"),
+    pytest.param(2, 2, 16, (33, 2), [0, 1], False, id="hk2-hv2-d16-no-l2norm"),
+]
+
+
+@pytest.mark.parametrize("hk,hv,d,lengths,slots,l2norm", CASES)
+def test_fp32_matches_the_references(hk, hv, d, lengths, slots, l2norm):
+    """fp32 end to end: within atol 1e-5 / rtol 1e-4 of the token-by-token definition and of the chunked reference."""
+    args = batch_args(range(len(lengths)), lengths, slots, hk=hk, hv=hv, d=d, unit_k=not l2norm, use_qk_l2norm=l2norm)
+    out, state = run("triton", args)
+    for ref_backend in ("torch-recurrent", "torch"):
+        ref_out, ref_state = run(ref_backend, args)
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(state, ref_state, atol=1e-5, rtol=1e-4, equal_nan=True)
+    pad = [i for i, s in enumerate(slots) if s < 0]
+    cu = args["cu_seqlens"].tolist()
+    for i in pad:  # a padding sequence: zero output rows
+        assert out[cu[i] : cu[i + 1]].eq(0).all()
+    unowned = sorted(set(range(state.shape[0])) - set(slots))
+    assert state[unowned].isnan().all()  # slots nobody owns stay untouched
+
+
+def test_bf16_close_to_the_reference():
+    """bf16 inputs and output, fp32 state: relMAE <= 1e-2 (TF32 dots on a GPU), exact-rounded output dtype."""
+    args = batch_args([7, 8], [5, 70], [1, 0], dtype=torch.bfloat16)
+    out, state = run("triton", args)
+    ref_out, ref_state = run("torch", args)
+    assert out.dtype == torch.bfloat16
+    assert rel_mae(out, ref_out) <= 1e-2
+    assert rel_mae(state[:2], ref_state[:2]) <= 1e-2
+
+
+def target_rows_and_state(backend, seeds, lengths, slots, position):
+    args = batch_args(seeds, lengths, slots, hk=1, hv=2, d=16, dtype=torch.bfloat16)
+    out, state = run(backend, args)
+    cu = args["cu_seqlens"].tolist()
+    return out[cu[position] : cu[position + 1]], state[slots[position]]
+
+
+TARGET_SEED, TARGET_LEN = 99, 130  # three chunks at 64, five at 32
+BATCHES = [  # (seeds, lengths, slots, target position): the target among batchmates, in several orders
+    ([5, TARGET_SEED, 6], [7, TARGET_LEN, 40], [2, 0, 1], 1),
+    ([6, 5, 3, 4, TARGET_SEED], [40, 7, 1, 64, TARGET_LEN], [4, 1, 0, 2, 3], 4),
+]
+
+
+def test_bitwise_alone_vs_batched():
+    """The target's output rows and final state are bitwise the same alone and in any batch."""
+    alone_out, alone_state = target_rows_and_state("triton", [TARGET_SEED], [TARGET_LEN], [0], 0)
+    for seeds, lengths, slots, pos in BATCHES:
+        out, state = target_rows_and_state("triton", seeds, lengths, slots, pos)
+        assert torch.equal(out, alone_out)
+        assert torch.equal(state, alone_state)
+
+
+def test_control_varies_with_the_batch():
+    """`triton-chunk-by-batch` chunks by 64 alone and by 32 in a batch of 5: the target's bits change.
+
+    Alone it is the same computation as `triton` (chunk 64), and batched it stays close to the reference.
+    """
+    seeds, lengths, slots, pos = BATCHES[1]
+    alone_out, alone_state = target_rows_and_state("triton-chunk-by-batch", [TARGET_SEED], [TARGET_LEN], [0], 0)
+    fixed_out, fixed_state = target_rows_and_state("triton", [TARGET_SEED], [TARGET_LEN], [0], 0)
+    assert torch.equal(alone_out, fixed_out) and torch.equal(alone_state, fixed_state)
+    out, state = target_rows_and_state("triton-chunk-by-batch", seeds, lengths, slots, pos)
+    assert not torch.equal(state, alone_state)
+    assert rel_mae(out, alone_out) <= 1e-2 and rel_mae(state, alone_state) <= 1e-2
+
+
+def test_coverage_reasons():
+    """Shapes and layouts the kernels do not take are refused with a reason, before any launch."""
+    args = batch_args([0], [3], [0], d=24)
+    d = decide(OP, args, "triton")
+    assert d.backend is None and "powers of two" in d.reason
+    args = batch_args([0], [3], [0])
+    args["state"] = args["state"].transpose(2, 3)
+    d = decide(OP, args, "triton")
+    assert d.backend is None and "contiguous" in d.reason
+
+
+def test_registration():
+    assert get(OP, "triton").auto and not get(OP, "triton").variant_control
+    control = get(OP, "triton-chunk-by-batch")
+    assert control.variant_control and not control.auto
+    assert "CONTROL" in (control.run.__doc__ or control.description)
+    assert delta_rule.CHUNK_SIZE == 64  # the backend's chunk is the reference's
