@@ -74,7 +74,7 @@ def test_fused_prefill_parity_within_stated_tolerances(run):
     parity = table(run, "04_fused_prefill_parity", "parity")
     done = parity[parity.status == "compared"]
     assert "triton-fused" in set(done.backend)
-    assert set(done.tensor) == {"normalized", "conv_state", "delta_state", "fp8"}
+    assert set(done.tensor) == {"normalized", "quantized", "scales", "conv_state", "delta_state"}
     assert done.within_tolerance.all()
     inv = table(run, "04_fused_prefill_parity", "invariance")
     ours = inv[(inv.status == "compared") & ~inv.is_control]
