@@ -15,6 +15,12 @@ MODULES = [
     "gdn_lab.ops.gdn_layer.conv_update",
     "gdn_lab.ops.matmul.gemm",
     "gdn_lab.ops.rmsnorm.rmsnorm",
+    "gdn_lab.trace.layout",
+    "gdn_lab.trace.hashing",
+    "gdn_lab.trace.record",
+    "gdn_lab.trace.diff",
+    "gdn_lab.model.config",
+    "gdn_lab.model.model",
 ]
 
 
