@@ -43,6 +43,24 @@ def _check_request(name: str, trace: Trace, request: int | str) -> None:
         )
 
 
+def _check_layouts(name: str, trace: Trace) -> None:
+    """Every step must have aligned some tensor to its layout, or the layout was not the batch's."""
+    aligned: dict[int, bool] = {}
+    leads: dict[int, set] = {}
+    for e in trace._entries:
+        for r in (*e.inputs, *e.outputs):
+            aligned[e.step] = aligned.get(e.step, False) or r.alignment != "unaligned"
+            leads.setdefault(e.step, set()).add(r.shape[0] if r.shape else None)
+    for step, ok in aligned.items():
+        if not ok:
+            lay = next(e.layout for e in trace._entries if e.step == step)
+            seen = ", ".join(str(x) for x in sorted(leads[step], key=str)[:8])
+            raise ValueError(
+                f"{name}: no tensor of step {step} has a leading dim of its layout's {lay.num_rows} rows or "
+                f"{lay.num_requests} requests (leading dims seen: {seen}); accepted: the layout of the batch that ran"
+            )
+
+
 def _status(ta: Trace, ra: TensorRecord, qa: int | str, tb: Trace, rb: TensorRecord, qb: int | str) -> str:
     ha, hb = ta.hash_of(ra, qa), tb.hash_of(rb, qb)
     if ha is not None and hb is not None:
@@ -129,6 +147,8 @@ def diff(
     request_b = request_a if request_b is None else request_b
     _check_request("request_a", tr_a, request_a)
     _check_request("request_b", tr_b, request_b)
+    _check_layouts("tr_a", tr_a)
+    _check_layouts("tr_b", tr_b)
     ea = [e for e in tr_a.entries if request_a in e.layout]
     eb_all = [e for e in tr_b.entries if request_b in e.layout]
     common = {e.step for e in ea} & {e.step for e in eb_all}

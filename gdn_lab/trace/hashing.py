@@ -20,9 +20,11 @@ reduction order (threads, atomics, index_add_) gives the same bits, so the hash 
 batch-variant, and a request's hash does not depend on the offset of its rows in a packed batch.
 Raw bits are hashed, so -0.0 and 0.0 differ, and so do NaNs with different payloads.
 
-Two implementations compute these identical bits: torch ops (any device, the definition) and, for
-CUDA tensors, one fused Triton kernel per tensor (a torch-op hash takes about 15 launches, which
-dominates a launch-bound forward). Neither synchronises with the host.
+The row stage reads every element; it has two implementations with identical bits: torch ops (any
+device, the definition) and, for CUDA tensors, one fused Triton kernel per tensor (the torch ops
+take about 15 launches, which dominates a launch-bound forward). The contributions touch one value
+per row: a HashSink runs them for all the tensors it holds at once, when it is read. Nothing here
+synchronises with the host until then.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -120,61 +123,36 @@ def resolve_impl(impl: str, device: torch.device) -> str:
     return "triton" if mode == "gpu" else "torch"
 
 
-def _contributions_torch(
-    words: torch.Tensor,
-    salt: int,
-    seg: torch.Tensor | None,
-    pos: torch.Tensor | None,
-    base: int,
-    whole_slot: int | None,
-    vals: torch.Tensor,
-    idx: torch.Tensor,
-) -> None:
-    r, f = words.shape
-    z = words.to(torch.int64, copy=True)  # int64 words would otherwise be the caller's tensor, mixed in place
-    z += _column_steps(f, str(words.device))
-    rows = _mix_(z).sum(dim=1)
-    at = 0
-    if seg is not None:
-        assert pos is not None
-        c = rows + salt
-        c += (pos + 1) * S
-        vals[:r] = _mix_(c)
-        idx[:r] = torch.where(seg >= 0, seg + base, 0)
-        at = r
-    if whole_slot is not None:
-        c = rows + salt
-        c += (_arange(r, str(words.device)) + 1) * S
-        vals[at : at + r] = _mix_(c)
-        idx[at : at + r] = whole_slot
-
-
-def _write(
-    t: torch.Tensor,
-    seg: torch.Tensor | None,
-    pos: torch.Tensor | None,
-    base: int,
-    whole_slot: int | None,
-    impl: str,
-    vals: torch.Tensor,
-    idx: torch.Tensor,
-) -> None:
-    """Write t's contributions (per-request rows when `seg` is given, the whole tensor when
-    `whole_slot` is) into vals/idx: idx[i] is the slot vals[i] is summed into (slot 0 collects
-    rows whose seg is negative). `impl` is "torch" or "triton"."""
-    words, salt = _rows_view(t)
-    if words.shape[0] == 0:
-        return
+def row_values(words: torch.Tensor, impl: str, out: torch.Tensor) -> None:
+    """The row stage into out [R]: R_r = sum_j mix(w_rj + (j + 1) * G) of integer words [R, F]."""
     if impl == "triton":
-        from gdn_lab.trace.triton_hash import contributions_triton
+        from gdn_lab.trace.triton_hash import row_values_triton
 
-        contributions_triton(words, salt, seg, pos, base, whole_slot, vals, idx)
-    else:
-        _contributions_torch(words, salt, seg, pos, base, whole_slot, vals, idx)
+        row_values_triton(words, out)
+        return
+    # Promotes the words to int64 and adds each column's step in one op, into a new tensor (the
+    # in-place mixing below must never reach the caller's int64 tensor).
+    z = torch.add(words, _column_steps(words.shape[1], str(words.device)))
+    torch.sum(_mix_(z), dim=1, out=out)
+
+
+def contributions(rows: torch.Tensor, salt: int | torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """c = mix(R + salt + (pos + 1) * S), elementwise over rows (salt a scalar or one per row)."""
+    c = rows + salt
+    c += (pos + 1) * S
+    return _mix_(c)
 
 
 def _n_rows(t: torch.Tensor) -> int:
     return t.shape[0] if t.dim() else 1
+
+
+def _rows_of(t: torch.Tensor, impl: str) -> tuple[torch.Tensor, int]:
+    words, salt = _rows_view(t)
+    rows = torch.empty(words.shape[0], dtype=torch.int64, device=t.device)
+    if words.shape[0]:
+        row_values(words, impl, rows)
+    return rows, salt
 
 
 def row_hashes(t: torch.Tensor, layout: Layout, *, impl: str = "auto") -> torch.Tensor:
@@ -212,14 +190,10 @@ def row_hashes(t: torch.Tensor, layout: Layout, *, impl: str = "auto") -> torch.
             f"({layout.num_requests}); accepted: [{layout.num_rows}, ...] or [{layout.num_requests}, ...] "
             "(hash other tensors whole with tensor_hash)"
         )
-    which = resolve_impl(impl, t.device)
+    rows, salt = _rows_of(t, resolve_impl(impl, t.device))
     seg, pos = layout.rows(alignment, t.device)
-    n = _n_rows(t)
-    vals = torch.empty(n, dtype=torch.int64, device=t.device)
-    idx = torch.empty(n, dtype=torch.int64, device=t.device)
-    _write(t, seg, pos, 1, None, which, vals, idx)
-    out = torch.zeros(layout.num_requests + 1, dtype=torch.int64, device=t.device)
-    return out.index_add_(0, idx, vals)[1:]
+    out = torch.zeros(layout.num_requests, dtype=torch.int64, device=t.device)
+    return out.index_add_(0, seg, contributions(rows, salt, pos))
 
 
 def tensor_hash(t: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
@@ -239,48 +213,84 @@ def tensor_hash(t: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
         (True, False)
     """
     check_hashable("t", t)
-    which = resolve_impl(impl, t.device)
-    n = _n_rows(t)
-    vals = torch.empty(n, dtype=torch.int64, device=t.device)
-    idx = torch.empty(n, dtype=torch.int64, device=t.device)
-    _write(t, None, None, 0, 0, which, vals, idx)
-    return torch.zeros(1, dtype=torch.int64, device=t.device).index_add_(0, idx, vals)[0]
+    rows, salt = _rows_of(t, resolve_impl(impl, t.device))
+    return contributions(rows, salt, _arange(rows.shape[0], str(t.device))).sum()
+
+
+@dataclass(frozen=True)
+class _Added:
+    """One tensor in a HashSink: its n row values sit at chunks[chunk][start : start + n]."""
+
+    chunk: int
+    start: int
+    n: int
+    salt: int
+    seg: torch.Tensor | None
+    pos: torch.Tensor | None
+    base: int
+    whole_slot: int | None
 
 
 class _Arena:
-    """Contribution buffers on one device, filled chunk by chunk; summed per slot when read."""
+    """One device's row values, filled chunk by chunk, with what each added tensor needs to be combined."""
 
     CHUNK = 1 << 16
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.fills: list[int] = []
+    def __init__(self, device: torch.device, impl: str) -> None:
+        self.device, self.impl = device, impl
+        self.chunks: list[torch.Tensor] = []
+        self.fill = 0  # rows used in the last chunk
+        self.added: list[_Added] = []
 
-    def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.chunks or self.fills[-1] + n > self.chunks[-1][0].numel():
-            size = max(n, self.CHUNK)
+    def add(self, t: torch.Tensor, seg, pos, base: int, whole_slot: int | None) -> None:
+        words, salt = _rows_view(t)
+        n = words.shape[0]
+        if not self.chunks or self.fill + n > self.chunks[-1].numel():
             # Normal tensors even inside inference_mode, so a later forward outside it can still write them.
             with torch.inference_mode(False):
-                vals = torch.empty(size, dtype=torch.int64, device=self.device)
-                idx = torch.empty(size, dtype=torch.int64, device=self.device)
-            self.chunks.append((vals, idx))
-            self.fills.append(0)
-        vals, idx = self.chunks[-1]
-        at = self.fills[-1]
-        self.fills[-1] = at + n
-        return vals[at : at + n], idx[at : at + n]
+                self.chunks.append(torch.empty(max(n, self.CHUNK), dtype=torch.int64, device=self.device))
+            self.fill = 0
+        if n:
+            row_values(words, self.impl, self.chunks[-1][self.fill : self.fill + n])
+        self.added.append(_Added(len(self.chunks) - 1, self.fill, n, salt, seg, pos, base, whole_slot))
+        self.fill += n
+
+    def _rows(self, added: list[_Added]) -> torch.Tensor:
+        return torch.cat([self.chunks[a.chunk][a.start : a.start + a.n] for a in added])
 
     def reduce(self, n_slots: int) -> torch.Tensor:
-        out = torch.zeros(n_slots, dtype=torch.int64, device=self.device)
-        for (vals, idx), fill in zip(self.chunks, self.fills):
-            out.index_add_(0, idx[:fill], vals[:fill])
-        return out
+        """Every slot's sum on this device: one vectorised combine over all added tensors."""
+        dev = self.device
+        out = torch.zeros(n_slots, dtype=torch.int64, device=dev)
+        parts = []
+        local = [a for a in self.added if a.seg is not None and a.n]
+        if local:
+            n, total = torch.tensor([a.n for a in local], device=dev), sum(a.n for a in local)
+            seg = torch.cat([a.seg for a in local])
+            base = torch.tensor([a.base for a in local], device=dev).repeat_interleave(n, output_size=total)
+            salt = torch.tensor([a.salt for a in local], device=dev).repeat_interleave(n, output_size=total)
+            # slot 0 takes the masked rows (negative seg)
+            parts.append(
+                (self._rows(local), salt, torch.cat([a.pos for a in local]), torch.where(seg >= 0, seg + base, 0))
+            )
+        whole = [a for a in self.added if a.whole_slot is not None and a.n]
+        if whole:
+            n, total = torch.tensor([a.n for a in whole], device=dev), sum(a.n for a in whole)
+            starts = (torch.cumsum(n, 0) - n).repeat_interleave(n, output_size=total)
+            salt = torch.tensor([a.salt for a in whole], device=dev).repeat_interleave(n, output_size=total)
+            slot = torch.tensor([a.whole_slot for a in whole], device=dev).repeat_interleave(n, output_size=total)
+            parts.append((self._rows(whole), salt, torch.arange(total, device=dev) - starts, slot))
+        if not parts:
+            return out
+        rows, salt, pos, idx = (torch.cat(x) for x in zip(*parts))
+        return out.index_add_(0, idx, contributions(rows, salt, pos))
 
 
 class HashSink:
     """Hashes many tensors into numbered slots; the sums stay on the devices until `read`.
 
+    Adding a tensor runs only the row stage (one Triton launch on CUDA); the position mixing and
+    the per-request sums of every added tensor run together, vectorised, when the sink is read.
     Slot 0 collects masked rows and is never read. A tensor hashed per request takes one slot per
     request (`slots(n)` returns the first), its whole-tensor hash one more.
     """
@@ -291,7 +301,6 @@ class HashSink:
         self.impl = impl
         self.n_slots = 1
         self._arenas: dict[str, _Arena] = {}
-        self._impls: dict[str, str] = {}
         self._read: np.ndarray | None = None
         self.n_tensors = 0
 
@@ -309,16 +318,13 @@ class HashSink:
         base: int = 0,
         whole_slot: int | None = None,
     ) -> None:
-        """Add t's contributions: its rows to slots base + seg (when seg is given), its whole hash
-        to `whole_slot` (when given)."""
+        """Add t: its rows to slots base + seg (when seg is given; a negative seg drops the row),
+        its whole hash to `whole_slot` (when given)."""
         key = str(t.device)
         arena = self._arenas.get(key)
         if arena is None:
-            arena = self._arenas[key] = _Arena(t.device)
-            self._impls[key] = resolve_impl(self.impl, t.device)
-        n = _n_rows(t) * ((seg is not None) + (whole_slot is not None))
-        vals, idx = arena.reserve(n)
-        _write(t, seg, pos, base, whole_slot, self._impls[key], vals, idx)
+            arena = self._arenas[key] = _Arena(t.device, resolve_impl(self.impl, t.device))
+        arena.add(t, seg, pos, base, whole_slot)
         self._read = None
         self.n_tensors += 1
 
@@ -327,7 +333,7 @@ class HashSink:
         if self._read is None:
             total = np.zeros(self.n_slots, dtype=np.int64)
             for arena in self._arenas.values():
-                # int64 addition wraps identically in numpy; slots of other devices hold zeros here.
+                # Each slot is filled on one device; the others hold zeros there.
                 total += arena.reduce(self.n_slots).cpu().numpy()
             self._read = total
         return self._read

@@ -130,6 +130,15 @@ def split_args(
         by the layout's leading-dim rule (non-tensors are for the caller to skip).
     """
     op_args = OP_ARGS.get(op, OpArgs())
+    needed = {*op_args.pools, *op_args.pools.values(), *op_args.paged, *op_args.indptr, *op_args.addresses}
+    if op_args.paged:
+        needed |= {"kv_indptr", "kv_indices", "seq_lens", "page_size"}
+    missing = sorted(needed - set(args))
+    if missing:  # the op's signature changed: the table must follow it, never guess
+        raise RuntimeError(
+            f"gdn_lab.trace.op_views: {op} has no argument {', '.join(missing)} (its arguments: {', '.join(args)}); "
+            "update OP_ARGS to the op's public signature"
+        )
     viewed = _batch_size(op_args, args) == num_requests
     views: list[tuple[str, RowsView]] = []
     plain: list[tuple[str, Any]] = []

@@ -323,6 +323,7 @@ class _Frame:
     entry: Entry
     kind: str
     key: Any  # the module object, or the lab op's name
+    handling: BaseException | None = None  # the exception being handled when the call began
 
 
 class _Recorder:
@@ -347,7 +348,7 @@ class _Recorder:
         return "", parent
 
     def _push(self, entry: Entry, kind: str, key: Any) -> None:
-        self.frames.append(_Frame(entry, kind, key))
+        self.frames.append(_Frame(entry, kind, key, sys.exc_info()[1]))
         self.module_depth += kind == MODULE
         self.labop_depth += kind == LAB_OP
 
@@ -382,11 +383,13 @@ class _Recorder:
         self._push(entry, MODULE, module)
 
     def post_hook(self, path: str, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        raised = sys.exc_info()[0] is not None  # always_call hooks also run when forward raised
         frame = self._pop_to(MODULE, module)
         if frame is None:  # the module was already running when the block began
             return
-        if raised:
+        # always_call hooks also run when forward raised, inside torch's `except`: an exception is
+        # being handled that was not when the call began (a model may be called in an except block).
+        handling = sys.exc_info()[1]
+        if handling is not None and handling is not frame.handling:
             frame.entry.error = True
             return
         with _quiet():

@@ -120,6 +120,15 @@ def test_diverging_structure_is_an_error_unless_not_strict():
     assert first_culprit(df)["name"] == "0"  # the innermost matched call: same input, another output
 
 
+def test_a_layout_that_is_not_the_batch_is_rejected():
+    net = Net()
+    with record(net, Layout.per_request(["t", "u"])) as wrong:  # the batch has 5 rows
+        net(X)
+    alone, _ = traces(net, "modules", X)
+    with pytest.raises(ValueError, match="tr_b: no tensor of step 0 has a leading dim of its layout's 2 rows"):
+        diff(alone, wrong, "t")
+
+
 def test_bad_arguments_are_rejected():
     alone, batched = traces(Net(), "ops", X)
     _, modules = traces(Net(), "modules", X)

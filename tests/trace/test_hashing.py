@@ -168,6 +168,28 @@ def test_sink_sums_many_tensors_into_their_slots():
     assert values[bx + 3] == tensor_hash(x) and values[wy] == tensor_hash(y)
 
 
+def test_sink_across_chunks_and_masked_rows(monkeypatch):
+    from gdn_lab.trace import hashing
+
+    monkeypatch.setattr(hashing._Arena, "CHUNK", 8)  # every few tensors start a new chunk
+    sink = HashSink("torch")
+    tensors = [sample(torch.float32, (9, 3), seed=i) for i in range(5)]
+    seg, pos = LAYOUT.rows("tokens", torch.device("cpu"))
+    bases = []
+    for t in tensors:
+        bases.append(sink.slots(3))
+        sink.add(t, seg=seg, pos=pos, base=bases[-1])
+    masked = seg.clone()
+    masked[4:] = -1  # rows of request 12 dropped: it hashes as if it had no rows
+    mb = sink.slots(3)
+    sink.add(tensors[0], seg=masked, pos=pos, base=mb)
+    values = sink.read()
+    assert len(sink._arenas["cpu"].chunks) > 1
+    for t, b in zip(tensors, bases):
+        assert values[b : b + 3].tolist() == row_hashes(t, LAYOUT).tolist()
+    assert values[mb : mb + 3].tolist() == [*row_hashes(tensors[0], LAYOUT)[:2].tolist(), 0]
+
+
 @pytest.mark.parametrize(
     "t, match",
     [

@@ -166,6 +166,16 @@ def test_nothing_is_left_behind_after_an_exception():
     assert len(tr) == n
 
 
+def test_a_model_called_while_an_exception_is_handled_records_normally():
+    net = nn.Sequential(nn.ReLU())
+    with record(net, Layout.per_request([0])) as tr:
+        try:
+            raise KeyError("handled by the caller")
+        except KeyError:
+            net(torch.randn(1, 3))
+    assert [(e.name, e.error, len(e.outputs)) for e in tr.entries] == [("Sequential", False, 1), ("0", False, 1)]
+
+
 def test_blocks_nest_and_do_not_record_each_other():
     net = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     x = torch.randn(2, 3)
