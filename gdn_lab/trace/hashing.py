@@ -143,10 +143,6 @@ def contributions(rows: torch.Tensor, salt: int | torch.Tensor, pos: torch.Tenso
     return _mix_(c)
 
 
-def _n_rows(t: torch.Tensor) -> int:
-    return t.shape[0] if t.dim() else 1
-
-
 def _rows_of(t: torch.Tensor, impl: str) -> tuple[torch.Tensor, int]:
     words, salt = _rows_view(t)
     rows = torch.empty(words.shape[0], dtype=torch.int64, device=t.device)
