@@ -3,10 +3,11 @@
 #   make test    set up .venv, run the tests
 # TORCH picks the torch build: the default is the CPU build the lab's CI uses. EXTRAS: lab (notebooks),
 # dev (tests), aiter-triton (AITER's Triton kernels from the amd-aiter wheel, for machines without a
-# source-built aiter), gpu (flash-linear-attention; its recurrent kernel also runs in the interpreter).
+# source-built aiter), gpu (flash-linear-attention; its recurrent kernel also runs in the interpreter),
+# hf (transformers: Hugging Face models built from configs for the trace tests and benchmark).
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
-EXTRAS ?= lab,dev,aiter-triton,gpu
+EXTRAS ?= lab,dev,aiter-triton,gpu,hf
 VENV := .venv
 BIN := $(VENV)/bin
 

@@ -6,7 +6,7 @@ import csv
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -68,3 +68,46 @@ def write_csv(rows: Sequence[dict], columns: Sequence[str], out: str | Path, nam
     path = out / name
     os.replace(tmp, path)
     return path
+
+
+def time_once(run: Callable[[object], object], device: torch.device, state: object = None) -> float:
+    """Milliseconds of one eager `run(state)` (no CUDA graph): CUDA events on the GPU, wall time on the CPU.
+
+    For work with host code in the loop (hooks, modes, Python dispatch), which a CUDA graph would
+    capture away; the event pair includes the device idling while the host catches up.
+    """
+    sync(device)
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        run(state)
+        return (time.perf_counter() - t0) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run(state)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def time_eager_interleaved(
+    runs: Mapping[str, Callable[[object], object]],
+    device: torch.device,
+    *,
+    warmup: int = 3,
+    reps: int = 10,
+    setup: Callable[[], object] | None = None,
+) -> dict[str, list[float]]:
+    """Milliseconds per repetition of each `runs[name](setup())`, the names taking turns.
+
+    Every run is warmed up first; then repetition i times each name once, in turn, so a change in
+    machine load (a shared host, clocks) reaches all of them alike and their ratios stay honest.
+    `setup` (untimed) builds each repetition's fresh input, e.g. an empty cache.
+    """
+    for run in runs.values():
+        for _ in range(warmup):
+            run(setup() if setup else None)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(reps):
+        for name, run in runs.items():
+            times[name].append(time_once(run, device, setup() if setup else None))
+    return times

@@ -18,6 +18,12 @@ MODULES = [
     "gdn_lab.rules.base",
     "gdn_lab.experiments.config",
     *[spec.get(op).function.__module__ for op in spec.names()],
+    "gdn_lab.trace.layout",
+    "gdn_lab.trace.hashing",
+    "gdn_lab.trace.record",
+    "gdn_lab.trace.diff",
+    "gdn_lab.model.config",
+    "gdn_lab.model.model",
 ]
 
 

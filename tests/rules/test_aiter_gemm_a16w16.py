@@ -16,9 +16,11 @@ import pytest
 import torch
 
 from gdn_lab import aiter_loader
-from gdn_lab.ops.matmul import gemm as matmul_op
+from gdn_lab.ops import spec
 from gdn_lab.rules import aiter_gemm_a16w16 as gemm
 from gdn_lab.rules.base import RuleEnv
+
+matmul_op = spec.get("matmul")
 
 _SPEC = importlib.util.find_spec("aiter")
 pytestmark = pytest.mark.skipif(_SPEC is None, reason=f"aiter is not installed ({aiter_loader.INSTALL_HINT})")

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from gdn_lab.cache import random_paged_kv
-from gdn_lab.ops.attention import prefill as prefill_op
+from gdn_lab.ops import spec
 from gdn_lab.rules import ck_batch_prefill as ck
 from gdn_lab.rules.base import RuleEnv
+
+prefill_op = spec.get("prefill_attention")
 
 SMALL, LARGE = "64x128x64", "128x128x32"
 

@@ -12,10 +12,11 @@ import doctest
 import pytest
 import torch
 
-from gdn_lab.ops.gated_delta_rule import decode as gdn_decode_op
-from gdn_lab.ops.gated_delta_rule import prefill as gdn_prefill_op
+from gdn_lab.ops import spec
 from gdn_lab.rules import flydsl_gdr_decode, sglang_gdn
 from gdn_lab.rules.base import EXPECTATIONS, RuleEnv
+
+gdn_decode_op, gdn_prefill_op = spec.get("gdn_decode"), spec.get("gdn_prefill")
 
 BF16, F32 = torch.bfloat16, torch.float32
 GFX942, GFX950 = RuleEnv("gfx942", 80), RuleEnv("gfx950", 256)

@@ -1,0 +1,290 @@
+"""Benchmark per-layer hashing (gdn_lab.trace.record) against the unhooked forward.
+
+Two prefill forwards, each at batch x tokens 1x512, 8x128 and 64x16 (the shapes of the hashing
+anchor in shared/reference/measured_h200.md):
+
+- `lab-qwen3-next-tp4`: gdn_lab.model at the qwen3-next-80b-tp4 preset (one TP4 rank of
+  Qwen3-Next-80B-A3B; --layers, default all 48), bf16, every op on backend --backend (default
+  "auto": our Triton kernels on the GPU), one packed prefill of the batch;
+- `hf-qwen3`: a Hugging Face Qwen3 built from a config (hidden 2048, 8 layers, 16/4 heads of 128,
+  MLP 6144, vocabulary --hf-vocab, bf16, SDPA, random weights, use_cache=False); its rows are
+  skipped with the reason when transformers is not installed (pip install -e ".[hf]").
+
+Modes: `plain` (no hooks); `modules` (record(level="modules"): every module's inputs and outputs
+hashed per request); `ops` (level="ops": also torch functions and lab ops); `debugmode` (torch's
+DebugMode with log_tensor_hashes("hash_tensor"), the comparison point; skipped with the reason when
+this torch lacks it). Everything runs eager, without CUDA graphs (hooks are host code): CUDA events
+around each forward, the median of --reps after --warmup. A hooked repetition includes entering
+and leaving `record`; reading the trace (its one device-to-host copy) is `finalize_ms`, measured
+once. Targets (ratio_vs_plain, judged on CUDA only): <= 1.5 at modules, <= 3 at ops. Every row
+carries the environment fingerprint (`env_*`). Run from the repository root:
+
+    python3 benchmarks/bench_trace.py --out OUT_DIR              # the H200 run (a few minutes)
+    python3 benchmarks/bench_trace.py --out OUT_DIR --smoke      # tiny models on the CPU, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import sync, time_eager_interleaved, write_csv  # noqa: E402  (the scripts' shared helpers)
+
+CSV_NAME = "bench_trace.csv"
+COLUMNS = [
+    "model", "mode", "hash_impl", "batch", "tokens_per_request", "tokens", "status", "reason", "ms", "ms_min",
+    "ms_max", "reps", "ratio_vs_plain", "target_ratio", "meets_target", "n_entries", "n_tensors", "finalize_ms",
+    "dtype", "note",
+]  # fmt: skip
+MODELS = ("lab", "hf")
+MODES = ("plain", "modules", "ops", "debugmode")
+TARGETS = {"modules": 1.5, "ops": 3.0}
+MODEL_NAMES = {"lab": "lab-qwen3-next-tp4", "hf": "hf-qwen3"}
+
+# A workload: (layout, setup() -> per-repetition state, forward(state, trace) -> output)
+Workload = tuple[Any, Callable[[], Any] | None, Callable[[Any, Any], Any]]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="directory for bench_trace.csv")
+    p.add_argument("--smoke", action="store_true", help="tiny models on the CPU, seconds")
+    p.add_argument("--shapes", default=None, help="batch x tokens list (default 1x512,8x128,64x16; smoke 1x8,4x2)")
+    p.add_argument("--models", default=",".join(MODELS), help=f"subset of {','.join(MODELS)}")
+    p.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
+    p.add_argument("--layers", type=int, default=None, help="layers of the lab model (default: the preset's 48)")
+    p.add_argument("--backend", default=None, help="backend of every lab op (default: auto on CUDA, torch on the CPU)")
+    p.add_argument("--hash-impl", default="auto", choices=("auto", "torch", "triton"), help="row-hash implementation")
+    p.add_argument("--hf-vocab", type=int, default=151936, help="vocabulary of the HF Qwen3 (its config default)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3; smoke 1)")
+    p.add_argument("--reps", type=int, default=None, help="timed calls (default 10; smoke 5)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; smoke 1)")
+    a = p.parse_args(argv)
+    a.shapes = [
+        tuple(int(x) for x in s.split("x"))
+        for s in (a.shapes or ("1x8,4x2" if a.smoke else "1x512,8x128,64x16")).split(",")
+    ]
+    a.models = [m for m in a.models.split(",") if m]
+    a.modes = [m for m in a.modes.split(",") if m]
+    bad = [m for m in a.models if m not in MODELS] + [m for m in a.modes if m not in MODES]
+    if bad:
+        p.error(f"unknown model or mode {bad}; accepted models {MODELS}, modes {MODES}")
+    a.warmup = a.warmup if a.warmup is not None else (1 if a.smoke else 3)
+    a.reps = a.reps if a.reps is not None else (5 if a.smoke else 10)
+    # One thread for the CPU run: on a shared machine torch's OpenMP threads wait on each other and a
+    # tiny forward's time swings tenfold (measured: median 27 ms with 2 threads, 1.9 ms with 1).
+    a.threads = a.threads if a.threads is not None else (1 if a.smoke else None)
+    return a
+
+
+def lab_model(args: argparse.Namespace, device: torch.device):
+    """The lab's hybrid model and its prefill workloads."""
+    from gdn_lab.model import OPS, Model, ModelConfig
+    from gdn_lab.trace import Layout
+
+    cfg = ModelConfig.from_name("tiny") if args.smoke else ModelConfig.from_name("qwen3-next-80b-tp4")
+    if args.layers is not None:
+        cfg = ModelConfig.from_name(cfg.name, num_layers=args.layers)
+    backend = args.backend or ("auto" if device.type == "cuda" else "torch")
+    model = Model(cfg, backends=dict.fromkeys(OPS, backend), device=device)
+
+    def workload(batch: int, tokens: int) -> Workload:
+        g = torch.Generator().manual_seed(batch * 100003 + tokens)
+        prompts = torch.randint(0, cfg.vocab_size, (batch, tokens), generator=g).tolist()
+        ids = list(range(batch))
+        layout = Layout.packed([i * tokens for i in range(batch + 1)], ids)
+
+        def setup():  # a fresh cache each repetition: a prefill starts from empty states
+            return model.new_cache([tokens] * batch, 1, request_ids=ids)
+
+        def forward(cache, trace):
+            return model.prefill(prompts, cache, trace=trace)
+
+        return layout, setup, forward
+
+    note = f"{cfg.name}, {cfg.num_layers} layers, backend {backend}, {str(cfg.dtype).removeprefix('torch.')}"
+    return model, workload, cfg.dtype, note
+
+
+def hf_model(args: argparse.Namespace, device: torch.device):
+    """A Hugging Face Qwen3 from a config, and its prefill workloads."""
+    import transformers
+
+    from gdn_lab.trace import Layout
+
+    if args.smoke:
+        sizes = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+        dtype = torch.float32
+    else:
+        sizes = dict(vocab_size=args.hf_vocab, hidden_size=2048, intermediate_size=6144, num_hidden_layers=8,
+                     num_attention_heads=16, num_key_value_heads=4, head_dim=128)  # fmt: skip
+        dtype = torch.bfloat16
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(**sizes, attn_implementation="sdpa")
+    model = transformers.Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+
+    def workload(batch: int, tokens: int) -> Workload:
+        g = torch.Generator().manual_seed(batch * 100003 + tokens)
+        ids = torch.randint(0, cfg.vocab_size, (batch, tokens), generator=g).to(device)
+
+        def forward(_state, _trace):
+            with torch.no_grad():
+                return model(input_ids=ids, use_cache=False)
+
+        return Layout.per_request(list(range(batch))), None, forward
+
+    note = f"transformers {transformers.__version__}, {cfg.num_hidden_layers} layers, vocab {cfg.vocab_size}, sdpa"
+    return model, workload, dtype, note
+
+
+def debug_mode_missing() -> str | None:
+    if importlib.util.find_spec("torch.utils._debug_mode") is None:
+        return f"torch {torch.__version__} has no torch.utils._debug_mode"
+    from torch.utils._debug_mode import DebugMode
+
+    if not hasattr(DebugMode, "log_tensor_hashes") or not hasattr(torch, "hash_tensor"):
+        return f"torch {torch.__version__}: DebugMode.log_tensor_hashes or torch.hash_tensor is missing"
+    return None
+
+
+def runner(mode: str, model, work: Workload, hash_impl: str, last: dict[str, Any]) -> Callable[[Any], None]:
+    """One forward in `mode`; record modes leave their trace in last[mode]."""
+    from gdn_lab.trace import record
+
+    layout, _, forward = work
+    if mode == "plain":
+        return lambda state: forward(state, None)
+    if mode == "debugmode":
+        from torch.utils._debug_mode import DebugMode
+
+        def run(state):
+            with DebugMode(), DebugMode.log_tensor_hashes(hash_fn="hash_tensor"):
+                forward(state, None)
+
+        return run
+
+    def run(state):
+        with record(model, layout, level=mode, hash_impl=hash_impl) as tr:
+            forward(state, tr)
+        last[mode] = tr
+
+    return run
+
+
+def read_trace(trace, device: torch.device) -> dict[str, Any]:
+    """The trace's size, and the time to read its hashes (its one device-to-host copy)."""
+    sync(device)
+    t0 = time.perf_counter()
+    n_entries = len(trace.entries)
+    return {"n_entries": n_entries, "finalize_ms": (time.perf_counter() - t0) * 1e3, "n_tensors": trace.n_tensors}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from gdn_lab.device import fingerprint
+    from gdn_lab.trace.hashing import resolve_impl
+
+    if not args.smoke and not torch.cuda.is_available():
+        print("[bench] no GPU here: pass --smoke for the CPU run", file=sys.stderr)
+        return 2
+    device = torch.device("cpu" if args.smoke else "cuda")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    fp = fingerprint(device)
+    impl = resolve_impl(args.hash_impl, device)
+    rows: list[dict] = []
+
+    def row(**fields) -> dict:
+        r = dict.fromkeys(COLUMNS, "")
+        r.update(fields)
+        r.update({f"env_{k}": v for k, v in fp.items()})
+        rows.append(r)
+        return r
+
+    builders = {"lab": lab_model, "hf": hf_model}
+    debug_missing = debug_mode_missing()
+    t_start = time.perf_counter()
+    for key in args.models:
+        name = MODEL_NAMES[key]
+        shapes = [dict(batch=b, tokens_per_request=t, tokens=b * t) for b, t in args.shapes]
+        if key == "hf" and importlib.util.find_spec("transformers") is None:
+            for s in shapes:
+                for mode in args.modes:
+                    row(
+                        model=name,
+                        mode=mode,
+                        status="skipped",
+                        reason='transformers is not installed (pip install -e ".[hf]")',
+                        **s,
+                    )
+            continue
+        try:
+            model, workload, dtype, note = builders[key](args, device)
+        except Exception as exc:  # a model that cannot be built is a row per case, the run goes on
+            for s in shapes:
+                for mode in args.modes:
+                    row(model=name, mode=mode, status="error", reason=f"{type(exc).__name__}: {exc}", **s)
+            continue
+        dt = str(dtype).removeprefix("torch.")
+        for s in shapes:
+            work = workload(s["batch"], s["tokens_per_request"])
+            base = dict(model=name, dtype=dt, note=note, **s)
+            runs, last = {}, {}
+            for mode in args.modes:
+                if mode == "debugmode" and debug_missing:
+                    row(mode=mode, status="skipped", reason=debug_missing, **base)
+                    continue
+                run = runner(mode, model, work, args.hash_impl, last)
+                try:  # a mode that fails is a row; the others are still timed
+                    run(work[1]() if work[1] else None)
+                except Exception as exc:
+                    row(mode=mode, status="error", reason=f"{type(exc).__name__}: {exc}", **base)
+                    continue
+                runs[mode] = run
+            times = time_eager_interleaved(runs, device, warmup=args.warmup, reps=args.reps, setup=work[1])
+            plain_ms = statistics.median(times["plain"]) if "plain" in times else None
+            for mode, ts in times.items():
+                ms = statistics.median(ts)
+                r = row(mode=mode, status="ok", ms=ms, ms_min=min(ts), ms_max=max(ts), reps=len(ts), **base)
+                r["hash_impl"] = impl if mode in TARGETS else ""
+                r["target_ratio"] = TARGETS.get(mode, "")
+                if mode in last:
+                    r.update(read_trace(last[mode], device))
+                if plain_ms and mode != "plain":
+                    r["ratio_vs_plain"] = ms / plain_ms
+                    if mode in TARGETS and device.type == "cuda":
+                        r["meets_target"] = r["ratio_vs_plain"] <= TARGETS[mode]
+            print(
+                f"[bench] {name} {s['batch']}x{s['tokens_per_request']}: {time.perf_counter() - t_start:.1f}s",
+                flush=True,
+            )
+        del model
+    path = write_csv(rows, COLUMNS + [f"env_{k}" for k in fp], Path(args.out), CSV_NAME)
+    print(
+        f"\n{'model':20} {'mode':10} {'batch x tok':>12} {'ms':>10} {'x plain':>8} {'target':>7} {'meets':>6}  status"
+    )
+    for r in rows:
+        ms = f"{r['ms']:.2f}" if r["ms"] != "" else "-"
+        ratio = f"{r['ratio_vs_plain']:.2f}" if r["ratio_vs_plain"] != "" else "-"
+        shape = f"{r['batch']} x {r['tokens_per_request']}"
+        status = r["status"] + (f" ({r['reason']})" if r["reason"] else "")
+        print(
+            f"{r['model']:20} {r['mode']:10} {shape:>12} {ms:>10} {ratio:>8} {r['target_ratio']!s:>7} {r['meets_target']!s:>6}  {status}"
+        )
+    print(f"[bench] wrote {len(rows)} rows to {path} in {time.perf_counter() - t_start:.0f}s on {fp['device']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

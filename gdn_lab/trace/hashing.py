@@ -1,0 +1,335 @@
+"""Order-sensitive 64-bit hashes of request rows over a tensor's raw bits.
+
+The definition (int64 arithmetic, wrapping mod 2^64; `>>>` is a logical shift):
+
+    mix(z)      = splitmix64's finalizer: z ^= z >>> 30; z *= M1; z ^= z >>> 27; z *= M2; z ^= z >>> 31
+    word w_rj   = element j of row r, its bits read as an integer of the element's size
+                  (1-byte types zero-extended, 2/4-byte sign-extended, 8-byte as is)
+    row value   R_r = sum_j mix(w_rj + (j + 1) * G)
+    contribution c(r, p) = mix(R_r + salt + (p + 1) * S)
+    hash of a request = sum of c(r, p) over its rows r, p = the row's position within the request
+
+A row of a tensor [T, ...] is its trailing dims flattened; `salt` encodes the dtype and the trailing
+shape, so equal bits in another dtype or shape hash differently. The whole-tensor hash
+(`tensor_hash`) is the same sum over all rows with p = r.
+
+Why it is order-sensitive: each element is mixed with its column before the sum and each row with
+its position in the request before the next sum, so moving a value to another place changes what
+is added. The sums are integer sums mod 2^64, which are exactly associative and commutative: any
+reduction order (threads, atomics, index_add_) gives the same bits, so the hash itself cannot be
+batch-variant, and a request's hash does not depend on the offset of its rows in a packed batch.
+Raw bits are hashed, so -0.0 and 0.0 differ, and so do NaNs with different payloads.
+
+The row stage reads every element; it has two implementations with identical bits: torch ops (any
+device, the definition) and, for CUDA tensors, one fused Triton kernel per tensor (the torch ops
+take about 15 launches, which dominates a launch-bound forward). The contributions touch one value
+per row: a HashSink runs them for all the tensors it holds at once, when it is read. Nothing here
+synchronises with the host until then.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gdn_lab.trace.layout import UNALIGNED, Layout
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+G = _signed(0x9E3779B97F4A7C15)  # column step (the golden ratio, as splitmix64's increment)
+S = _signed(0xD6E8FEB86659FD93)  # row-position step (an odd constant from the same family)
+M1 = _signed(0xBF58476D1CE4E5B9)  # splitmix64 finalizer multipliers
+M2 = _signed(0x94D049BB133111EB)
+IMPLS = ("auto", "torch", "triton")
+
+# int views by element size; 1-byte types (bool, uint8, fp8) read unsigned, wider ones signed.
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix_(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer, in place on an int64 tensor."""
+    z ^= _srl(z, 30)
+    z *= M1
+    z ^= _srl(z, 27)
+    z *= M2
+    z ^= _srl(z, 31)
+    return z
+
+
+@functools.lru_cache(maxsize=256)
+def _salt(dtype: torch.dtype, trailing: tuple[int, ...]) -> int:
+    digest = hashlib.blake2b(f"{dtype}|{trailing}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _column_steps(width: int, device: str) -> torch.Tensor:
+    return torch.arange(1, width + 1, dtype=torch.int64, device=device) * G
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(n: int, device: str) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.int64, device=device)
+
+
+def check_hashable(name: str, t: object) -> None:
+    """Raise a ValueError naming `name` unless `t` is a strided tensor with data."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
+        raise ValueError(
+            f"{name}: a {t.layout} tensor on {t.device}{' (quantized)' if t.is_quantized else ''} has no raw bits "
+            "to hash; accepted: strided, non-quantized tensors with data"
+        )
+
+
+def _rows_view(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(t's bits as an integer tensor [R, F], salt): rows along the leading dim (one row for 0-dim)."""
+    salt = _salt(t.dtype, tuple(t.shape[1:]))
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    t = t.contiguous()
+    r = t.shape[0] if t.dim() else 1
+    f = math.prod(t.shape[1:]) if t.dim() else 1
+    return t.view(_INT_VIEW[t.element_size()]).reshape(r, f), salt
+
+
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """ "torch" or "triton" for `impl` ("auto": Triton on CUDA/ROCm devices when it runs there)."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl: {impl!r} is not accepted; expected one of {', '.join(map(repr, IMPLS))}")
+    if impl == "torch":
+        return impl
+    from gdn_lab.device import triton_mode
+
+    mode, reason = triton_mode(device)
+    if impl == "triton":
+        if mode is None:
+            raise ValueError(f"impl: 'triton' cannot run on {device}: {reason}")
+        return impl
+    return "triton" if mode == "gpu" else "torch"
+
+
+def row_values(words: torch.Tensor, impl: str, out: torch.Tensor) -> None:
+    """The row stage into out [R]: R_r = sum_j mix(w_rj + (j + 1) * G) of integer words [R, F]."""
+    if impl == "triton":
+        from gdn_lab.trace.triton_hash import row_values_triton
+
+        row_values_triton(words, out)
+        return
+    # Promotes the words to int64 and adds each column's step in one op, into a new tensor (the
+    # in-place mixing below must never reach the caller's int64 tensor).
+    z = torch.add(words, _column_steps(words.shape[1], str(words.device)))
+    torch.sum(_mix_(z), dim=1, out=out)
+
+
+def contributions(rows: torch.Tensor, salt: int | torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """c = mix(R + salt + (pos + 1) * S), elementwise over rows (salt a scalar or one per row)."""
+    c = rows + salt
+    c += (pos + 1) * S
+    return _mix_(c)
+
+
+def _rows_of(t: torch.Tensor, impl: str) -> tuple[torch.Tensor, int]:
+    words, salt = _rows_view(t)
+    rows = torch.empty(words.shape[0], dtype=torch.int64, device=t.device)
+    if words.shape[0]:
+        row_values(words, impl, rows)
+    return rows, salt
+
+
+def row_hashes(t: torch.Tensor, layout: Layout, *, impl: str = "auto") -> torch.Tensor:
+    """One 64-bit order-sensitive hash per request, over the raw bits of its rows of `t`.
+
+    Args:
+        t: a tensor whose leading dim is the layout's token rows ([T, ...] packed, [N, ...] one row
+            per request) or its number of requests ([N, ...]); any dtype (fp32, bf16, fp16, fp8,
+            ints, bool, complex), any strides.
+        layout: how the rows map to requests.
+        impl: "auto" (one fused Triton kernel on CUDA/ROCm, torch ops elsewhere), "torch" or
+            "triton" (also on the CPU under TRITON_INTERPRET=1); all give the same bits.
+
+    Returns:
+        int64 [N] on t's device, in `layout.request_ids` order (no host synchronisation).
+
+    Raises:
+        ValueError: t's leading dim matches neither the layout's rows nor its requests (hash it
+            whole with `tensor_hash`), or t has no raw bits (sparse, quantized, meta).
+
+    Example:
+        >>> import torch
+        >>> x = torch.arange(12.0).reshape(6, 2)
+        >>> batch = row_hashes(x, Layout.packed([0, 2, 6], request_ids=[7, 8]))
+        >>> alone = row_hashes(x[2:], Layout.packed([0, 4], request_ids=[8]))
+        >>> bool(batch[1] == alone[0]), bool(batch[0] == batch[1])
+        (True, False)
+    """
+    check_hashable("t", t)
+    alignment = layout.alignment(t)
+    if alignment == UNALIGNED:
+        lead = t.shape[0] if t.dim() else "none (0-dim)"
+        raise ValueError(
+            f"t: leading dim {lead} matches neither the layout's rows ({layout.num_rows}) nor its requests "
+            f"({layout.num_requests}); accepted: [{layout.num_rows}, ...] or [{layout.num_requests}, ...] "
+            "(hash other tensors whole with tensor_hash)"
+        )
+    rows, salt = _rows_of(t, resolve_impl(impl, t.device))
+    seg, pos = layout.rows(alignment, t.device)
+    out = torch.zeros(layout.num_requests, dtype=torch.int64, device=t.device)
+    return out.index_add_(0, seg, contributions(rows, salt, pos))
+
+
+def tensor_hash(t: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
+    """The order-sensitive 64-bit hash of a whole tensor (its rows at positions 0, 1, 2, ...).
+
+    Args:
+        t: any strided tensor (0-dim included).
+        impl: as `row_hashes`.
+
+    Returns:
+        A 0-dim int64 tensor on t's device.
+
+    Example:
+        >>> import torch
+        >>> a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+        >>> bool(tensor_hash(a) == tensor_hash(a.clone())), bool(tensor_hash(a) == tensor_hash(a.flip(0)))
+        (True, False)
+    """
+    check_hashable("t", t)
+    rows, salt = _rows_of(t, resolve_impl(impl, t.device))
+    return contributions(rows, salt, _arange(rows.shape[0], str(t.device))).sum()
+
+
+@dataclass(frozen=True)
+class _Added:
+    """One tensor in a HashSink: its n row values sit at chunks[chunk][start : start + n]."""
+
+    chunk: int
+    start: int
+    n: int
+    salt: int
+    seg: torch.Tensor | None
+    pos: torch.Tensor | None
+    base: int
+    whole_slot: int | None
+
+
+class _Arena:
+    """One device's row values, filled chunk by chunk, with what each added tensor needs to be combined."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, device: torch.device, impl: str) -> None:
+        self.device, self.impl = device, impl
+        self.chunks: list[torch.Tensor] = []
+        self.fill = 0  # rows used in the last chunk
+        self.added: list[_Added] = []
+
+    def add(self, t: torch.Tensor, seg, pos, base: int, whole_slot: int | None) -> None:
+        words, salt = _rows_view(t)
+        n = words.shape[0]
+        if not self.chunks or self.fill + n > self.chunks[-1].numel():
+            # Normal tensors even inside inference_mode, so a later forward outside it can still write them.
+            with torch.inference_mode(False):
+                self.chunks.append(torch.empty(max(n, self.CHUNK), dtype=torch.int64, device=self.device))
+            self.fill = 0
+        if n:
+            row_values(words, self.impl, self.chunks[-1][self.fill : self.fill + n])
+        self.added.append(_Added(len(self.chunks) - 1, self.fill, n, salt, seg, pos, base, whole_slot))
+        self.fill += n
+
+    def _rows(self, added: list[_Added]) -> torch.Tensor:
+        return torch.cat([self.chunks[a.chunk][a.start : a.start + a.n] for a in added])
+
+    def reduce(self, n_slots: int) -> torch.Tensor:
+        """Every slot's sum on this device: one vectorised combine over all added tensors."""
+        dev = self.device
+        out = torch.zeros(n_slots, dtype=torch.int64, device=dev)
+        parts = []
+        local = [a for a in self.added if a.seg is not None and a.n]
+        if local:
+            n, total = torch.tensor([a.n for a in local], device=dev), sum(a.n for a in local)
+            seg = torch.cat([a.seg for a in local])
+            base = torch.tensor([a.base for a in local], device=dev).repeat_interleave(n, output_size=total)
+            salt = torch.tensor([a.salt for a in local], device=dev).repeat_interleave(n, output_size=total)
+            # slot 0 takes the masked rows (negative seg)
+            parts.append(
+                (self._rows(local), salt, torch.cat([a.pos for a in local]), torch.where(seg >= 0, seg + base, 0))
+            )
+        whole = [a for a in self.added if a.whole_slot is not None and a.n]
+        if whole:
+            n, total = torch.tensor([a.n for a in whole], device=dev), sum(a.n for a in whole)
+            starts = (torch.cumsum(n, 0) - n).repeat_interleave(n, output_size=total)
+            salt = torch.tensor([a.salt for a in whole], device=dev).repeat_interleave(n, output_size=total)
+            slot = torch.tensor([a.whole_slot for a in whole], device=dev).repeat_interleave(n, output_size=total)
+            parts.append((self._rows(whole), salt, torch.arange(total, device=dev) - starts, slot))
+        if not parts:
+            return out
+        rows, salt, pos, idx = (torch.cat(x) for x in zip(*parts))
+        return out.index_add_(0, idx, contributions(rows, salt, pos))
+
+
+class HashSink:
+    """Hashes many tensors into numbered slots; the sums stay on the devices until `read`.
+
+    Adding a tensor runs only the row stage (one Triton launch on CUDA); the position mixing and
+    the per-request sums of every added tensor run together, vectorised, when the sink is read.
+    Slot 0 collects masked rows and is never read. A tensor hashed per request takes one slot per
+    request (`slots(n)` returns the first), its whole-tensor hash one more.
+    """
+
+    def __init__(self, impl: str = "auto") -> None:
+        if impl not in IMPLS:
+            raise ValueError(f"hash_impl: {impl!r} is not accepted; expected one of {', '.join(map(repr, IMPLS))}")
+        self.impl = impl
+        self.n_slots = 1
+        self._arenas: dict[str, _Arena] = {}
+        self._read: np.ndarray | None = None
+        self.n_tensors = 0
+
+    def slots(self, n: int) -> int:
+        base = self.n_slots
+        self.n_slots += n
+        return base
+
+    def add(
+        self,
+        t: torch.Tensor,
+        *,
+        seg: torch.Tensor | None = None,
+        pos: torch.Tensor | None = None,
+        base: int = 0,
+        whole_slot: int | None = None,
+    ) -> None:
+        """Add t: its rows to slots base + seg (when seg is given; a negative seg drops the row),
+        its whole hash to `whole_slot` (when given)."""
+        key = str(t.device)
+        arena = self._arenas.get(key)
+        if arena is None:
+            arena = self._arenas[key] = _Arena(t.device, resolve_impl(self.impl, t.device))
+        arena.add(t, seg, pos, base, whole_slot)
+        self._read = None
+        self.n_tensors += 1
+
+    def read(self) -> np.ndarray:
+        """Every slot's hash (int64 [n_slots]); one device-to-host copy per device, cached until the next add."""
+        if self._read is None:
+            total = np.zeros(self.n_slots, dtype=np.int64)
+            for arena in self._arenas.values():
+                # Each slot is filled on one device; the others hold zeros there.
+                total += arena.reduce(self.n_slots).cpu().numpy()
+            self._read = total
+        return self._read

@@ -1,0 +1,162 @@
+"""How a gdn_lab.ops call's arguments map to requests, read from the ops' public signatures.
+
+A lab op reads a request's cached state through an address: a GDN state pool row `state[slots[i]]`,
+a paged KV context through `kv_indptr`/`kv_indices`. Hashing such a pool whole would compare every
+other request's state too, so a cache-reading op could never have "equal inputs". Instead:
+
+- a pool is hashed as the rows its slots select, one per request (a negative slot is padding);
+- a paged cache is hashed as each request's context tokens 0..seq_lens[i]-1, read through its pages;
+- prefix sums (`cu_seqlens`, `qo_indptr`, `kv_indptr`) are compared as per-request lengths;
+- addresses (`slots`, `kv_indices`, `cache_indices`) are physical placement and are not compared;
+- pools updated in place are hashed again after the run, as outputs.
+
+Everything else follows the layout's leading-dim rule. An op not listed here (matmul, rms_norm, a new
+op) uses that rule for every argument. When an op's batch is not the layout's (its request count
+differs), its arguments are hashed by the leading-dim rule too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class OpArgs:
+    """The roles of one lab op's arguments (names as in its public signature).
+
+    Attributes:
+        pools: pool argument -> the argument holding each request's slot.
+        paged: paged KV caches, read through kv_indptr, kv_indices, seq_lens and page_size.
+        indptr: prefix sums over requests, compared as lengths.
+        addresses: placement-only arguments, not compared.
+        mutated: pools the op updates in place (hashed again after the run).
+    """
+
+    pools: Mapping[str, str] = field(default_factory=dict)
+    paged: tuple[str, ...] = ()
+    indptr: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
+    mutated: tuple[str, ...] = ()
+
+
+OP_ARGS: dict[str, OpArgs] = {
+    "decode_attention": OpArgs(paged=("k_cache", "v_cache"), indptr=("kv_indptr",), addresses=("kv_indices",)),
+    "prefill_attention": OpArgs(
+        paged=("k_cache", "v_cache"), indptr=("qo_indptr", "kv_indptr"), addresses=("kv_indices",)
+    ),
+    "gdn_decode": OpArgs(pools={"state": "slots"}, addresses=("slots",), mutated=("state",)),
+    "gdn_prefill": OpArgs(pools={"state": "slots"}, indptr=("cu_seqlens",), addresses=("slots",), mutated=("state",)),
+    "gdn_layer_prefill": OpArgs(
+        pools={"conv_state": "cache_indices", "delta_state": "cache_indices"},
+        indptr=("cu_seqlens",),
+        addresses=("cache_indices",),
+        mutated=("conv_state", "delta_state"),
+    ),
+    "causal_conv1d_update": OpArgs(pools={"conv_state": "slots"}, addresses=("slots",), mutated=("conv_state",)),
+}
+
+
+@dataclass(frozen=True)
+class RowsView:
+    """Rows to hash per request: rows[i] belongs to request seg[i] (negative: ignored) at position pos[i]."""
+
+    rows: torch.Tensor
+    seg: torch.Tensor
+    pos: torch.Tensor
+
+
+def pool_view(pool: torch.Tensor, slots: torch.Tensor) -> RowsView:
+    """Request i's row is pool[slots[i]]: [N, ...]; padding rows (negative slots) are ignored."""
+    n = slots.shape[0]
+    ar = torch.arange(n, dtype=torch.int64, device=slots.device)
+    return RowsView(
+        pool.index_select(0, slots.clamp(min=0).long()),
+        torch.where(slots >= 0, ar, -1),
+        torch.zeros(n, dtype=torch.int64, device=slots.device),
+    )
+
+
+def paged_view(
+    cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, seq_lens: torch.Tensor, page_size: int
+) -> RowsView:
+    """Request i's rows are its context tokens [seq_lens[i], Hkv, D], read through its pages (no host sync)."""
+    num_pages = kv_indices.shape[0]
+    dev = kv_indices.device
+    rows = cache.index_select(0, kv_indices.long()).reshape(num_pages * page_size, *cache.shape[2:])
+    indptr = kv_indptr.long()
+    page = torch.arange(num_pages, dtype=torch.int64, device=dev)
+    owner = torch.searchsorted(indptr[1:], page, right=True)  # the request each page belongs to
+    offset = torch.arange(page_size, dtype=torch.int64, device=dev)
+    pos = ((page - indptr[owner])[:, None] * page_size + offset[None, :]).reshape(-1)
+    seg = owner.repeat_interleave(page_size)
+    return RowsView(rows, torch.where(pos < seq_lens.long()[seg], seg, -1), pos)
+
+
+def lengths_view(indptr: torch.Tensor) -> RowsView:
+    """Per-request lengths indptr[i+1] - indptr[i], one row per request."""
+    n = indptr.shape[0] - 1
+    ar = torch.arange(n, dtype=torch.int64, device=indptr.device)
+    return RowsView(indptr[1:] - indptr[:-1], ar, torch.zeros_like(ar))
+
+
+def _batch_size(op_args: OpArgs, args: Mapping[str, Any]) -> int | None:
+    """The op's number of requests as its addressing arguments state it, or None for a plain op."""
+    if op_args.pools:
+        return args[next(iter(op_args.pools.values()))].shape[0]
+    if op_args.paged:
+        return args["seq_lens"].shape[0]
+    if op_args.indptr:
+        return args[op_args.indptr[0]].shape[0] - 1
+    return None
+
+
+def split_args(
+    op: str, args: Mapping[str, Any], num_requests: int, *, after: bool = False
+) -> tuple[list[tuple[str, RowsView]], list[tuple[str, Any]]]:
+    """(per-request views, plain arguments) of one call.
+
+    Args:
+        op: the lab op's name.
+        args: its validated keyword arguments (what the backend's `run` receives).
+        num_requests: the layout's request count; views are built only for a batch of that size.
+        after: return only the pools the op mutates (the state after the run).
+
+    Returns:
+        Views to hash per request by position in the op's batch, and the remaining arguments to hash
+        by the layout's leading-dim rule (non-tensors are for the caller to skip).
+    """
+    op_args = OP_ARGS.get(op, OpArgs())
+    needed = {*op_args.pools, *op_args.pools.values(), *op_args.paged, *op_args.indptr, *op_args.addresses}
+    if op_args.paged:
+        needed |= {"kv_indptr", "kv_indices", "seq_lens", "page_size"}
+    missing = sorted(needed - set(args))
+    if missing:  # the op's signature changed: the table must follow it, never guess
+        raise RuntimeError(
+            f"gdn_lab.trace.op_views: {op} has no argument {', '.join(missing)} (its arguments: {', '.join(args)}); "
+            "update OP_ARGS to the op's public signature"
+        )
+    viewed = _batch_size(op_args, args) == num_requests
+    views: list[tuple[str, RowsView]] = []
+    plain: list[tuple[str, Any]] = []
+    for name, value in args.items():
+        if after and name not in op_args.mutated:
+            continue
+        if name in op_args.addresses:
+            continue
+        if not viewed or not isinstance(value, torch.Tensor):
+            plain.append((name, value))
+        elif name in op_args.pools:
+            views.append((name, pool_view(value, args[op_args.pools[name]])))
+        elif name in op_args.paged:
+            views.append(
+                (name, paged_view(value, args["kv_indptr"], args["kv_indices"], args["seq_lens"], args["page_size"]))
+            )
+        elif name in op_args.indptr:
+            views.append((name, lengths_view(value)))
+        else:
+            plain.append((name, value))
+    return views, plain

@@ -1,0 +1,534 @@
+"""record: hash the inputs and outputs of every call, per request, while a model runs.
+
+Three kinds of call are recorded:
+
+- `module`: every submodule call of the given model (forward pre-hooks and hooks registered on each
+  of its modules, with kwargs; any nn.Module). Inputs are hashed in the pre-hook, before the call,
+  and outputs in the hook, after it.
+- `function` (level="ops"): torch functions called while one of the model's modules runs, seen by
+  a `TorchFunctionMode` (F.softplus, torch.matmul, Tensor.add_, Tensor.__setitem__, ...). Calls
+  that return no tensor (shape, item) and pure aliases (view, reshape of contiguous, transpose,
+  basic indexing) carry no new bits and are not recorded. In-place calls (a trailing underscore,
+  `__setitem__`, `__i*__`, `out=`) are hashed before and after; other calls after, since they do
+  not change their inputs.
+- `lab_op` (level="ops"): every gdn_lab.ops call in the block, with the backend that ran, seen
+  through `gdn_lab.routing.observe`; its cache arguments are hashed per request through their
+  slots and page tables (`gdn_lab.trace.op_views`). Torch calls inside a lab op (its backend's
+  internals, which loop per request in the references) are not recorded: the op is the unit.
+
+Why a TorchFunctionMode and not a TorchDispatchMode: it sees the call the model code wrote, under
+that name, before CompositeImplicit ops decompose into aten pieces, so the culprit is reported as
+`layers.1.mixer.F.softplus`, the line a user can change; the same call is recorded on every device
+and with or without autograd. What it costs: one Python call per torch call in a module's forward
+(about a microsecond on the CPU, metadata getters included), plus the hashing of recorded calls.
+It does not see inside C++ composites (F.linear, SDPA); those calls are recorded as one.
+
+Hashes are taken at hook time, because in-place ops (a fused add-RMSNorm, a cache write) overwrite
+what a saved reference would point at, and they stay on the device (`HashSink`) until the trace is
+read. Hashing runs with torch functions disabled, so neither this recorder nor an outer one records
+its own work.
+
+Known limit: state a module reads that is not in its arguments (a cache filled in an earlier step)
+is invisible at level="modules"; at level="ops" the lab ops hash it through their slots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch.overrides import TorchFunctionMode, resolve_name
+
+from gdn_lab import routing
+from gdn_lab.trace.hashing import HashSink
+from gdn_lab.trace.layout import UNALIGNED, Layout
+from gdn_lab.trace.op_views import RowsView, split_args
+
+LEVELS = ("modules", "ops")
+MODULE, FUNCTION, LAB_OP = "module", "function", "lab_op"
+VIEW = "view"  # a TensorRecord read through a lab op's slots or page table
+
+_INPLACE_DUNDERS = frozenset(
+    [
+        f"__i{op}__"
+        for op in [
+            "add",
+            "sub",
+            "mul",
+            "truediv",
+            "floordiv",
+            "mod",
+            "pow",
+            "and",
+            "or",
+            "xor",
+            "lshift",
+            "rshift",
+            "matmul",
+        ]
+    ]
+    + ["__setitem__"]
+)
+_PREFIXES = (("torch.nn.functional.", "F."), ("torch.Tensor.", "Tensor."))
+
+
+@dataclass(frozen=True, eq=False)
+class TensorRecord:
+    """One hashed tensor of a call.
+
+    Attributes:
+        path: where it sat: "args[0]", "kwargs['mask']", "out[1]", or a lab op's argument name.
+        shape: its shape; dtype: its dtype name.
+        alignment: "tokens", "requests" or "unaligned" (the layout's leading-dim rule), or "view" (a
+            lab op's cache read through its slots or page table).
+        layout: the layout it was hashed with.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    alignment: str
+    layout: Layout
+    base: int  # first per-request slot in the trace's HashSink, -1 if none
+    whole: int  # whole-tensor slot, -1 if none
+
+
+@dataclass(eq=False)
+class Entry:
+    """One recorded call.
+
+    Attributes:
+        index: position in execution order (when the call began).
+        step: the trace step it ran in (`Trace.set_layout`).
+        name: qualified name: the module path (the root module is its class name); for functions
+            and lab ops, the enclosing module's name + "." + the function ("F.softplus") or op.
+        kind: "module", "function" or "lab_op".
+        op: the module's class, the function's name or the lab op.
+        call_index: how many calls of this name came before it in this step.
+        module: the module path (modules) or the enclosing module path ("" outside the model).
+        parent: index of the enclosing recorded call (module or lab op), None at the top.
+        backend: the backend that ran (lab ops), else None.
+        inputs, outputs: the hashed tensors.
+        error: the call raised (its outputs are missing).
+    """
+
+    index: int
+    step: int
+    name: str
+    kind: str
+    op: str
+    call_index: int
+    module: str
+    parent: int | None
+    backend: str | None
+    layout: Layout
+    inputs: list[TensorRecord] = field(default_factory=list)
+    outputs: list[TensorRecord] = field(default_factory=list)
+    error: bool = False
+
+
+class Trace:
+    """The calls recorded by `record`, with per-request hashes of their inputs and outputs.
+
+    The layout can change between forward calls (a prefill, then decode steps with one row per
+    request): `set_layout` or `with trace.step(layout):`. Each layout change starts a step; entries
+    are matched between traces by (step, name, call_index).
+    """
+
+    def __init__(self, level: str, layout: Layout, sink: HashSink) -> None:
+        self.level = level
+        self._layout = layout
+        self._step = 0
+        self._steps = [0]
+        self._sink = sink
+        self._entries: list[Entry] = []
+        self._counts: dict[tuple[int, str], int] = {}
+
+    @property
+    def layout(self) -> Layout:
+        """The layout calls are hashed with now."""
+        return self._layout
+
+    @property
+    def current_step(self) -> int:
+        return self._step
+
+    @property
+    def steps(self) -> list[int]:
+        """Step labels in the order they were first set."""
+        return list(self._steps)
+
+    @property
+    def n_tensors(self) -> int:
+        """How many tensors were hashed (the recording's work)."""
+        return self._sink.n_tensors
+
+    def set_layout(self, layout: Layout, step: int | None = None) -> None:
+        """Hash the following calls with `layout`, as step `step` (default: the current step + 1).
+
+        Raises:
+            ValueError: layout is not a Layout, or step is not an int.
+        """
+        if not isinstance(layout, Layout):
+            raise ValueError(f"layout: expected a gdn_lab.trace.Layout, got {type(layout).__name__}")
+        if step is None:
+            step = self._step + 1
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError(f"step: expected an int label, got {step!r}")
+        self._layout, self._step = layout, step
+        if step not in self._steps:
+            self._steps.append(step)
+
+    @contextlib.contextmanager
+    def step(self, layout: Layout, step: int | None = None) -> Iterator[Trace]:
+        """Within the block, calls are hashed with `layout` as step `step`; the previous layout and
+        step come back on exit."""
+        previous = self._layout, self._step
+        self.set_layout(layout, step)
+        try:
+            yield self
+        finally:
+            self._layout, self._step = previous
+
+    @property
+    def entries(self) -> list[Entry]:
+        """Every recorded call in execution order (reading the hashes: one device-to-host copy)."""
+        self._sink.read()
+        return list(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def hash_of(self, record: TensorRecord, request_id: int | str) -> int | None:
+        """The request's hash of `record` (its rows), or None if the tensor is unaligned or the
+        request is not in the layout it was hashed with."""
+        if record.base < 0 or request_id not in record.layout:
+            return None
+        return int(self._sink.read()[record.base + record.layout.index(request_id)])
+
+    def whole_hash_of(self, record: TensorRecord) -> int | None:
+        """The whole-tensor hash of `record`, or None for a lab op's per-request view."""
+        return None if record.whole < 0 else int(self._sink.read()[record.whole])
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per entry: index, step, name, kind, op, call_index, module, parent, backend,
+        n_inputs, n_outputs, error."""
+        return pd.DataFrame(
+            [
+                {
+                    "index": e.index, "step": e.step, "name": e.name, "kind": e.kind, "op": e.op,
+                    "call_index": e.call_index, "module": e.module, "parent": e.parent, "backend": e.backend,
+                    "n_inputs": len(e.inputs), "n_outputs": len(e.outputs), "error": e.error,
+                }
+                for e in self._entries
+            ],
+            columns=["index", "step", "name", "kind", "op", "call_index", "module", "parent", "backend",
+                     "n_inputs", "n_outputs", "error"],
+        )  # fmt: skip
+
+    # -- recording (used by the recorder) --
+
+    def _open(self, kind: str, name: str, op: str, module: str, parent: int | None, backend: str | None) -> Entry:
+        key = (self._step, name)
+        call_index = self._counts.get(key, 0)
+        self._counts[key] = call_index + 1
+        entry = Entry(len(self._entries), self._step, name, kind, op, call_index, module, parent, backend, self._layout)
+        self._entries.append(entry)
+        return entry
+
+    def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout) -> list[TensorRecord]:
+        records = []
+        sink = self._sink
+        for path, t in items:
+            alignment = layout.alignment(t)
+            whole = sink.slots(1)
+            if alignment == UNALIGNED:
+                sink.add(t, whole_slot=whole)
+                base = -1
+            else:
+                seg, pos = layout.rows(alignment, t.device)
+                base = sink.slots(layout.num_requests)
+                sink.add(t, seg=seg, pos=pos, base=base, whole_slot=whole)
+            records.append(
+                TensorRecord(path, tuple(t.shape), str(t.dtype).removeprefix("torch."), alignment, layout, base, whole)
+            )
+        return records
+
+    def _hash_views(self, items: Iterable[tuple[str, RowsView]], layout: Layout) -> list[TensorRecord]:
+        records = []
+        for path, v in items:
+            base = self._sink.slots(layout.num_requests)
+            self._sink.add(v.rows, seg=v.seg, pos=v.pos, base=base)
+            dtype = str(v.rows.dtype).removeprefix("torch.")
+            records.append(TensorRecord(path, tuple(v.rows.shape), dtype, VIEW, layout, base, -1))
+        return records
+
+
+def _hashable(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and not t.is_quantized and t.device.type != "meta"
+
+
+def _tensors(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors nested in tuples, lists and dicts, with their paths; other containers are opaque."""
+    if isinstance(obj, torch.Tensor):
+        if _hashable(obj):
+            yield path, obj
+    elif isinstance(obj, (tuple, list)):
+        for i, x in enumerate(obj):
+            yield from _tensors(x, f"{path}[{i}]")
+    elif isinstance(obj, Mapping):
+        for k, x in obj.items():
+            yield from _tensors(x, f"{path}[{k!r}]")
+
+
+_NAMES: dict[Any, str] = {}
+
+
+def _function_name(func: Any) -> str:
+    name = _NAMES.get(func)
+    if name is None:
+        name = resolve_name(func) or f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', repr(func))}"
+        for long, short in _PREFIXES:
+            if name.startswith(long):
+                name = short + name[len(long) :]
+                break
+        _NAMES[func] = name
+    return name
+
+
+def _is_inplace(name: str, kwargs: Mapping[str, Any]) -> bool:
+    base = name.rsplit(".", 1)[-1]
+    return (base.endswith("_") and not base.endswith("__")) or base in _INPLACE_DUNDERS or kwargs.get("out") is not None
+
+
+def _storages(items: Iterable[tuple[str, torch.Tensor]]) -> set[int]:
+    return {t.untyped_storage().data_ptr() for _, t in items}
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # The recorder's own torch calls must not reach any TorchFunctionMode (ours would record them)
+    # nor build autograd graphs.
+    with torch._C.DisableTorchFunction(), torch.no_grad():
+        yield
+
+
+@dataclass
+class _Frame:
+    entry: Entry
+    kind: str
+    key: Any  # the module object, or the lab op's name
+    handling: BaseException | None = None  # the exception being handled when the call began
+
+
+class _Recorder:
+    """The hooks, the function mode and the lab-op observer of one `record` block."""
+
+    def __init__(self, model: torch.nn.Module, trace: Trace) -> None:
+        self.trace = trace
+        self.root = type(model).__name__
+        self.frames: list[_Frame] = []
+        self.module_depth = 0
+        self.labop_depth = 0
+
+    def label(self, path: str) -> str:
+        return path or self.root
+
+    def _enclosing(self) -> tuple[str, int | None]:
+        """(enclosing module path, parent entry index) for a call starting now."""
+        parent = self.frames[-1].entry.index if self.frames else None
+        for f in reversed(self.frames):
+            if f.kind == MODULE:
+                return f.entry.module, parent
+        return "", parent
+
+    def _push(self, entry: Entry, kind: str, key: Any) -> None:
+        self.frames.append(_Frame(entry, kind, key, sys.exc_info()[1]))
+        self.module_depth += kind == MODULE
+        self.labop_depth += kind == LAB_OP
+
+    def _pop_to(self, kind: str, key: Any) -> _Frame | None:
+        """Pop the top-most frame of (kind, key) and every frame above it (calls that raised)."""
+        for i in range(len(self.frames) - 1, -1, -1):
+            f = self.frames[i]
+            if f.kind == kind and (f.key is key or f.key == key):
+                for g in self.frames[i:]:
+                    self.module_depth -= g.kind == MODULE
+                    self.labop_depth -= g.kind == LAB_OP
+                for g in self.frames[i + 1 :]:
+                    g.entry.error = True
+                del self.frames[i:]
+                return f
+        return None
+
+    def close(self) -> None:
+        for f in self.frames:
+            f.entry.error = True
+        self.frames.clear()
+        self.module_depth = self.labop_depth = 0
+
+    # -- modules --
+
+    def pre_hook(self, path: str, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        _, parent = self._enclosing()
+        tr = self.trace
+        entry = tr._open(MODULE, self.label(path), type(module).__name__, path, parent, None)
+        with _quiet():  # also around the flattening: tensor attribute reads go through torch functions
+            entry.inputs = tr._hash([*_tensors(args, "args"), *_tensors(kwargs, "kwargs")], entry.layout)
+        self._push(entry, MODULE, module)
+
+    def post_hook(self, path: str, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        frame = self._pop_to(MODULE, module)
+        if frame is None:  # the module was already running when the block began
+            return
+        # always_call hooks also run when forward raised, inside torch's `except`: an exception is
+        # being handled that was not when the call began (a model may be called in an except block).
+        handling = sys.exc_info()[1]
+        if handling is not None and handling is not frame.handling:
+            frame.entry.error = True
+            return
+        with _quiet():
+            frame.entry.outputs = self.trace._hash(list(_tensors(output, "out")), frame.entry.layout)
+
+    # -- lab ops (routing.observe) --
+
+    def before(self, op: str, decision: routing.Decision, args: Mapping[str, Any]) -> None:
+        module, parent = self._enclosing()
+        tr = self.trace
+        name = f"{self.label(module)}.{op}" if self.frames else op
+        entry = tr._open(LAB_OP, name, op, module, parent, decision.name)
+        with _quiet():
+            views, plain = split_args(op, args, entry.layout.num_requests)
+            entry.inputs = tr._hash_views(views, entry.layout) + tr._hash(
+                [item for p, v in plain for item in _tensors(v, p)], entry.layout
+            )
+        self._push(entry, LAB_OP, op)
+
+    def after(self, op: str, decision: routing.Decision, args: Mapping[str, Any], result: Any) -> None:
+        frame = self._pop_to(LAB_OP, op)
+        if frame is None:
+            return
+        tr, layout = self.trace, frame.entry.layout
+        with _quiet():
+            views, plain = split_args(op, args, layout.num_requests, after=True)
+            frame.entry.outputs = (
+                tr._hash(list(_tensors(result, "out")), layout)
+                + tr._hash_views(views, layout)
+                + tr._hash([item for p, v in plain for item in _tensors(v, p)], layout)
+            )
+
+    # -- torch functions (level="ops") --
+
+    def function(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        name = _function_name(func)
+        if _is_inplace(name, kwargs):
+            return self._inplace(func, name, args, kwargs)
+        out = func(*args, **kwargs)
+        with _quiet():
+            outputs = list(_tensors(out, "out"))
+            if not outputs:
+                return out
+            inputs = [*_tensors(args, "args"), *_tensors(kwargs, "kwargs")]
+            if _storages(outputs) <= _storages(inputs):  # a view or the input itself: no new bits
+                return out
+            entry = self._open_function(name)
+            entry.inputs = self.trace._hash(inputs, entry.layout)
+            entry.outputs = self.trace._hash(outputs, entry.layout)
+        return out
+
+    def _open_function(self, name: str) -> Entry:
+        module, parent = self._enclosing()
+        return self.trace._open(FUNCTION, f"{self.label(module)}.{name}", name, module, parent, None)
+
+    def _inplace(self, func: Any, name: str, args: tuple, kwargs: dict) -> Any:
+        entry = self._open_function(name)
+        with _quiet():
+            inputs = [*_tensors(args, "args"), *_tensors({k: v for k, v in kwargs.items() if k != "out"}, "kwargs")]
+            entry.inputs = self.trace._hash(inputs, entry.layout)
+        try:
+            out = func(*args, **kwargs)
+        except BaseException:
+            entry.error = True
+            raise
+        # __setitem__ returns None: what changed is its first argument.
+        changed = args[0] if name.endswith("__setitem__") else out
+        with _quiet():
+            entry.outputs = self.trace._hash(list(_tensors(changed, "out")), entry.layout)
+        return out
+
+
+class _FunctionMode(TorchFunctionMode):
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rec = self.recorder
+        # Only calls inside the model's modules, and not inside a lab op (its backend's internals).
+        if rec.module_depth == 0 or rec.labop_depth > 0:
+            return func(*args, **kwargs)
+        return rec.function(func, args, kwargs)
+
+
+@contextlib.contextmanager
+def record(
+    model: torch.nn.Module, layout: Layout, level: str = "modules", *, hash_impl: str = "auto"
+) -> Iterator[Trace]:
+    """Record every call of `model` (and, at level="ops", its torch functions and gdn_lab ops)
+    with per-request hashes of its inputs and outputs.
+
+    Args:
+        model: any nn.Module; every module in `model.named_modules()` is hooked.
+        layout: how the rows of the first forward's tensors map to requests; change it between
+            forward calls with `trace.set_layout` or `trace.step`.
+        level: "modules" (module calls) or "ops" (also torch functions inside the model's modules
+            and every gdn_lab.ops call in the block, with the backend that ran).
+        hash_impl: "auto", "torch" or "triton" (see `row_hashes`).
+
+    Yields:
+        The Trace, filled as the model runs; read it (entries, `diff`) after the block.
+
+    Raises:
+        ValueError: model is not an nn.Module, layout not a Layout, or level/hash_impl not accepted.
+
+    Every hook handle is removed, the function mode exited and the observer detached on every exit
+    path, exceptions included; blocks nest (each records independently).
+
+    Example:
+        >>> import torch
+        >>> from gdn_lab.trace import Layout, record
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        >>> with record(net, Layout.per_request(["a", "b", "c"]), level="ops") as tr:
+        ...     _ = net(torch.randn(3, 4))
+        >>> [(e.name, e.kind) for e in tr.entries]
+        [('Sequential', 'module'), ('0', 'module'), ('0.F.linear', 'function'), ('1', 'module'), ('1.F.relu', 'function')]
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(layout, Layout):
+        raise ValueError(f"layout: expected a gdn_lab.trace.Layout, got {type(layout).__name__}")
+    if level not in LEVELS:
+        raise ValueError(f"level: {level!r} is not accepted; expected one of {', '.join(map(repr, LEVELS))}")
+    trace = Trace(level, layout, HashSink(hash_impl))
+    rec = _Recorder(model, trace)
+    with contextlib.ExitStack() as stack:
+        stack.callback(rec.close)
+        for path, module in model.named_modules():
+            pre = module.register_forward_pre_hook(
+                lambda m, a, k, path=path: rec.pre_hook(path, m, a, k), with_kwargs=True
+            )
+            stack.callback(pre.remove)
+            post = module.register_forward_hook(
+                lambda m, a, k, o, path=path: rec.post_hook(path, m, a, k, o), with_kwargs=True, always_call=True
+            )
+            stack.callback(post.remove)
+        if level == "ops":
+            stack.enter_context(routing.observe(rec))
+            stack.enter_context(_FunctionMode(rec))
+        yield trace

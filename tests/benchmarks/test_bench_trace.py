@@ -1,0 +1,51 @@
+"""benchmarks/bench_trace.py --smoke: the whole script on tiny models (CPU), and the CSV it writes."""
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("bench_trace", ROOT / "benchmarks" / "bench_trace.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_smoke(tmp_path):
+    mod = load()
+    assert mod.main(["--smoke", "--out", str(tmp_path), "--reps", "2"]) == 0
+    with (tmp_path / "bench_trace.csv").open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    columns = reader.fieldnames
+    assert columns[: len(mod.COLUMNS)] == mod.COLUMNS
+    assert {"env_torch", "env_device", "env_triton"} <= set(columns)
+    shapes = {(r["batch"], r["tokens_per_request"]) for r in rows}
+    assert shapes == {("1", "8"), ("4", "2")}
+    hf_missing = importlib.util.find_spec("transformers") is None
+    for r in rows:
+        assert r["model"] in ("lab-qwen3-next-tp4", "hf-qwen3") and r["env_torch"]
+        if r["status"] == "skipped":
+            assert r["reason"] and (r["mode"] == "debugmode" or (r["model"] == "hf-qwen3" and hf_missing))
+            continue
+        assert r["status"] == "ok", r["reason"]
+        assert float(r["ms"]) > 0 and int(r["reps"]) == 2
+        if r["mode"] != "plain":
+            assert float(r["ratio_vs_plain"]) > 0
+        if r["mode"] in ("modules", "ops"):
+            assert r["hash_impl"] == "torch" and int(r["n_entries"]) > 0 and int(r["n_tensors"]) > 0
+            assert float(r["target_ratio"]) in (1.5, 3.0) and r["meets_target"] == ""  # judged on CUDA only
+    modes = {(r["model"], r["mode"]) for r in rows}
+    assert ("lab-qwen3-next-tp4", "ops") in modes and len(modes) == 8
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the full run is the GPU's")
+def test_without_a_gpu_the_full_run_asks_for_smoke(tmp_path, capsys):
+    assert load().main(["--out", str(tmp_path)]) == 2
+    assert "--smoke" in capsys.readouterr().err

@@ -1,0 +1,228 @@
+"""row_hashes: the documented definition bit for bit, and the properties a culprit search relies on."""
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from gdn_lab.trace import Layout, row_hashes, tensor_hash
+from gdn_lab.trace.hashing import M1, M2, G, HashSink, S, _salt
+
+MASK = (1 << 64) - 1
+INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, id="fp16"),
+    pytest.param(torch.float8_e4m3fn, id="fp8e4m3fn"),
+    pytest.param(torch.float8_e4m3fnuz, id="fp8e4m3fnuz"),
+    pytest.param(torch.int32, id="int32"),
+    pytest.param(torch.int64, id="int64"),
+    pytest.param(torch.uint8, id="uint8"),
+    pytest.param(torch.bool, id="bool"),
+]
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+def signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def mix(z: int) -> int:
+    z &= MASK
+    z ^= z >> 30
+    z = (z * (M1 & MASK)) & MASK
+    z ^= z >> 27
+    z = (z * (M2 & MASK)) & MASK
+    return z ^ (z >> 31)
+
+
+def reference(t: torch.Tensor, layout: Layout) -> list[int]:
+    """The module docstring's definition in Python integers."""
+    salt = _salt(t.dtype, tuple(t.shape[1:]))
+    words = t.contiguous().view(INT_VIEW[t.element_size()]).reshape(t.shape[0], -1).tolist()
+    rows = [sum(mix(w + (j + 1) * G) for j, w in enumerate(r)) & MASK for r in words]
+    seg, pos = layout.rows(layout.alignment(t), torch.device("cpu"))
+    out = [0] * layout.num_requests
+    for r, (s, p) in enumerate(zip(seg.tolist(), pos.tolist())):
+        out[s] = (out[s] + mix(rows[r] + salt + (p + 1) * S)) & MASK
+    return [signed(o) for o in out]
+
+
+def sample(dtype: torch.dtype, shape, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if not dtype.is_floating_point:
+        return torch.randint(-100 if dtype != torch.uint8 else 0, 100, shape, generator=g).to(dtype)
+    return (4 * torch.randn(shape, generator=g)).to(dtype)
+
+
+LAYOUT = Layout.packed([0, 3, 4, 9], request_ids=[10, 11, 12])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape", [pytest.param((9, 5), id="9x5"), pytest.param((9, 3, 2), id="9x3x2"), pytest.param((9,), id="9")]
+)
+def test_torch_path_matches_the_definition(dtype, shape):
+    t = sample(dtype, shape)
+    assert row_hashes(t, LAYOUT, impl="torch").tolist() == reference(t, LAYOUT)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_kernel_matches_the_torch_path(dtype):
+    # Under TRITON_INTERPRET=1 on the CPU; the compiled kernel on a GPU.
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    for shape, layout in (((9, 37), LAYOUT), ((3, 2100), Layout.per_request([1, 2, 3])), ((9,), LAYOUT)):
+        t = sample(dtype, shape).to(dev)
+        assert torch.equal(row_hashes(t, layout, impl="triton"), row_hashes(t, layout, impl="torch"))
+        assert torch.equal(tensor_hash(t, impl="triton"), tensor_hash(t, impl="torch"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_request_hashes_the_same_alone_and_at_another_offset(dtype):
+    t = sample(dtype, (9, 6))
+    batched = row_hashes(t, LAYOUT)
+    alone = row_hashes(t[4:9].clone(), Layout.packed([0, 5], request_ids=[12]))
+    assert alone[0] == batched[2]
+    moved = torch.cat([t[4:9], t[:4]])  # request 12 first this time
+    assert row_hashes(moved, Layout.packed([0, 5, 8, 9], request_ids=[12, 10, 11])).tolist() == [
+        batched[2].item(),
+        batched[0].item(),
+        batched[1].item(),
+    ]
+
+
+def test_equal_rows_hash_equal_and_different_rows_differ():
+    t = sample(torch.float32, (4, 8))
+    t[2:] = t[:2]
+    h = row_hashes(t, Layout.packed([0, 2, 4], request_ids=["a", "b"]))
+    assert h[0] == h[1]
+    t[3, 7] = torch.nextafter(t[3, 7], torch.tensor(float("inf")))  # one ulp
+    assert row_hashes(t, Layout.packed([0, 2, 4], request_ids=["a", "b"]))[1] != h[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_a_permutation_changes_the_hash(dtype):
+    lay = Layout.per_request([0, 1])
+    t = sample(dtype, (2, 16))
+    swapped = t.clone()
+    swapped[0, [3, 11]] = t[0, [11, 3]]
+    assert not torch.equal(t, swapped)
+    h, hs = row_hashes(t, lay), row_hashes(swapped, lay)
+    assert h[0] != hs[0] and h[1] == hs[1]
+    rows = Layout.packed([0, 2], request_ids=[0])  # swapping two token rows of one request
+    assert row_hashes(t, rows) != row_hashes(t.flip(0), rows)
+
+
+def test_signed_zeros_and_nan_payloads_differ():
+    lay = Layout.per_request([0])
+    zero, neg = torch.zeros(1, 4), torch.zeros(1, 4)
+    neg[0, 2] = -0.0
+    assert torch.equal(zero, neg)  # equal as numbers ...
+    assert row_hashes(zero, lay) != row_hashes(neg, lay)  # ... not as bits
+    quiet = torch.full((1, 4), float("nan"))
+    payload = quiet.clone()
+    payload.view(torch.int32)[0, 1] = 0x7FC00001  # another NaN
+    assert torch.isnan(payload).all()
+    assert row_hashes(quiet, lay) != row_hashes(payload, lay)
+
+
+def test_dtype_and_row_shape_are_part_of_the_hash():
+    lay = Layout.per_request([0, 1])
+    assert row_hashes(torch.zeros(2, 4), lay)[0] != row_hashes(torch.zeros(2, 4, dtype=torch.int32), lay)[0]
+    x = torch.arange(12.0).reshape(2, 6)
+    assert row_hashes(x.reshape(2, 2, 3), lay)[0] != row_hashes(x.reshape(2, 3, 2), lay)[0]
+
+
+def test_strides_do_not_matter_and_the_input_is_not_touched():
+    t = torch.arange(40, dtype=torch.int64).reshape(5, 8)  # int64: the words are the tensor itself
+    before = t.clone()
+    lay = Layout.per_request(list(range(8)))
+    strided = t.t()  # [8, 5], not contiguous
+    assert torch.equal(row_hashes(strided, lay), row_hashes(strided.contiguous(), lay))
+    tensor_hash(t)
+    assert torch.equal(t, before)
+
+
+def test_whole_tensor_hash_is_order_sensitive():
+    x = sample(torch.float32, (4, 3))
+    assert tensor_hash(x) == tensor_hash(x.clone())
+    assert tensor_hash(x) != tensor_hash(x.flip(0))
+    assert tensor_hash(torch.tensor(1.5)).dim() == 0
+
+
+def test_sink_sums_many_tensors_into_their_slots():
+    sink = HashSink("torch")
+    x, y = sample(torch.float32, (9, 4)), sample(torch.bfloat16, (3, 2))
+    seg, pos = LAYOUT.rows("tokens", x.device)
+    bx = sink.slots(3)
+    sink.add(x, seg=seg, pos=pos, base=bx, whole_slot=sink.slots(1))
+    wy = sink.slots(1)
+    sink.add(y, whole_slot=wy)
+    values = sink.read()
+    assert values[bx : bx + 3].tolist() == row_hashes(x, LAYOUT).tolist()
+    assert values[bx + 3] == tensor_hash(x) and values[wy] == tensor_hash(y)
+
+
+def test_sink_across_chunks_and_masked_rows(monkeypatch):
+    from gdn_lab.trace import hashing
+
+    monkeypatch.setattr(hashing._Arena, "CHUNK", 8)  # every few tensors start a new chunk
+    sink = HashSink("torch")
+    tensors = [sample(torch.float32, (9, 3), seed=i) for i in range(5)]
+    seg, pos = LAYOUT.rows("tokens", torch.device("cpu"))
+    bases = []
+    for t in tensors:
+        bases.append(sink.slots(3))
+        sink.add(t, seg=seg, pos=pos, base=bases[-1])
+    masked = seg.clone()
+    masked[4:] = -1  # rows of request 12 dropped: it hashes as if it had no rows
+    mb = sink.slots(3)
+    sink.add(tensors[0], seg=masked, pos=pos, base=mb)
+    values = sink.read()
+    assert len(sink._arenas["cpu"].chunks) > 1
+    for t, b in zip(tensors, bases):
+        assert values[b : b + 3].tolist() == row_hashes(t, LAYOUT).tolist()
+    assert values[mb : mb + 3].tolist() == [*row_hashes(tensors[0], LAYOUT)[:2].tolist(), 0]
+
+
+@pytest.mark.parametrize(
+    "t, match",
+    [
+        pytest.param(torch.zeros(7, 2), "leading dim 7 matches neither", id="unaligned"),
+        pytest.param(torch.zeros(9, 2).to_sparse(), "raw bits", id="sparse"),
+        pytest.param("x", "torch.Tensor", id="not-a-tensor"),
+    ],
+)
+def test_bad_input_is_rejected(t, match):
+    with pytest.raises(ValueError, match=match):
+        row_hashes(t, LAYOUT)
+
+
+def test_bad_impl_is_rejected():
+    with pytest.raises(ValueError, match="impl: 'cuda'"):
+        row_hashes(torch.zeros(9), LAYOUT, impl="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_no_host_synchronisation_on_the_gpu():
+    t = torch.randn(9, 4096, device="cuda", dtype=torch.bfloat16)
+    for impl in ("torch", "triton"):
+        row_hashes(t, LAYOUT, impl=impl)  # warm: layout tables, kernel compile
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            row_hashes(t, LAYOUT, impl=impl)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def test_collisions_are_absent_on_many_random_rows():
+    t = sample(torch.bfloat16, (4096, 8), seed=3)
+    h = row_hashes(t, Layout.per_request(list(range(4096))))
+    distinct_rows = len({tuple(r) for r in t.view(torch.int16).tolist()})
+    assert len(set(h.tolist())) == distinct_rows
+    assert math.isclose(distinct_rows, 4096, rel_tol=0.01)

@@ -1,0 +1,224 @@
+"""record: what it sees (modules, functions, lab ops), when it hashes, and that it leaves nothing behind."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gdn_lab.ops import gdn_decode, matmul
+from gdn_lab.trace import Layout, record, row_hashes
+
+
+class Mixer(nn.Module):
+    """Functional calls of every kind the function tier must see or skip."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.softplus(x)
+        y = torch.matmul(y, torch.eye(x.shape[1]))
+        y = F.silu(y)
+        y.add_(1.0)  # in place
+        y[:, 0] = 0.5  # in place through __setitem__
+        _ = y.view(-1), y.t(), y.shape, y[:, 1:]  # aliases and metadata: no new bits
+        return y
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mixer = Mixer()
+        self.act = nn.ReLU()
+        self.w = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.act(self.mixer(x))
+        h = self.act(h)  # the same module twice: call_index 0 and 1
+        return matmul(h, self.w, backend="torch")
+
+
+def hooks_left(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def modes_left() -> int:
+    return len(torch.overrides._get_current_function_mode_stack())
+
+
+def test_modules_level_records_module_calls_only():
+    net, x = Net(), torch.randn(3, 4)
+    with record(net, Layout.per_request([0, 1, 2])) as tr:
+        net(x, scale=torch.ones(3))
+    got = [(e.name, e.kind, e.call_index) for e in tr.entries]
+    assert got == [("Net", "module", 0), ("mixer", "module", 0), ("act", "module", 0), ("act", "module", 1)]
+    root = tr.entries[0]
+    assert [r.path for r in root.inputs] == ["args[0]", "kwargs['scale']"]
+    assert [r.alignment for r in root.inputs] == ["requests", "requests"]
+    assert [r.path for r in root.outputs] == ["out"]
+    assert tr.entries[1].parent == 0 and tr.entries[0].parent is None
+
+
+def test_ops_level_sees_functions_in_place_calls_and_lab_ops():
+    net, x = Net(), torch.randn(3, 4)
+    with record(net, Layout.per_request([0, 1, 2]), level="ops") as tr:
+        net(x)
+    names = [e.name for e in tr.entries]
+    assert names == [
+        "Net",
+        "mixer",
+        "mixer.F.softplus",
+        "mixer.torch.eye",
+        "mixer.torch.matmul",
+        "mixer.F.silu",
+        "mixer.Tensor.add_",
+        "mixer.Tensor.__setitem__",
+        "act",
+        "act.F.relu",
+        "act",
+        "act.F.relu",
+        "Net.matmul",
+    ]
+    lab = tr.entries[-1]
+    assert (lab.kind, lab.op, lab.backend, lab.module) == ("lab_op", "matmul", "torch", "")
+    assert [r.path for r in lab.inputs] == ["x", "w"] and [r.alignment for r in lab.inputs] == ["requests", "unaligned"]
+
+
+def test_in_place_calls_are_hashed_before_and_after():
+    class AddOne(nn.Module):
+        def forward(self, x):
+            return x.add_(1.0)
+
+    lay = Layout.per_request([0, 1])
+    x = torch.randn(2, 5)
+    before = row_hashes(x, lay)
+    model, other = AddOne(), AddOne()
+    with record(model, lay, level="ops") as tr:
+        model(x)
+        other(torch.randn(2, 5))  # not the recorded model: neither it nor its functions are recorded
+    after = row_hashes(x, lay)
+    module, add = tr.entries
+    assert add.name == "AddOne.Tensor.add_"
+    for rec, want in (
+        (module.inputs[0], before),
+        (module.outputs[0], after),
+        (add.inputs[0], before),
+        (add.outputs[0], after),
+    ):
+        assert [tr.hash_of(rec, r) for r in (0, 1)] == want.tolist()
+
+
+def test_lab_op_caches_are_hashed_per_request_through_their_slots():
+    class Step(nn.Module):
+        def forward(self, q, k, v, a, b, state, slots):
+            return gdn_decode(q, k, v, a, b, torch.zeros(2), torch.zeros(2), state, slots, backend="torch")
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 8, generator=g) for _ in range(3))
+    v = torch.randn(2, 2, 8, generator=g)
+    a, b = torch.randn(2, 2, generator=g), torch.randn(2, 2, generator=g)
+    state = torch.randn(5, 2, 8, 8, generator=g)
+    slots = torch.tensor([3, 1], dtype=torch.int32)
+    lay = Layout.per_request(["x", "y"])
+    before = row_hashes(state[slots.long()], lay)
+    step = Step()
+    with record(step, lay, level="ops") as tr:
+        step(q, k, v, a, b, state, slots)
+    op = next(e for e in tr.entries if e.kind == "lab_op")
+    assert op.name == "Step.gdn_decode"
+    by_path = {r.path: r for r in op.inputs}
+    assert "slots" not in by_path and by_path["state"].alignment == "view"
+    assert [tr.hash_of(by_path["state"], r) for r in ("x", "y")] == before.tolist()
+    out_state = next(r for r in op.outputs if r.path == "state")
+    assert [tr.hash_of(out_state, r) for r in ("x", "y")] == row_hashes(state[slots.long()], lay).tolist()
+    assert not any(e.kind == "function" and e.parent == op.index for e in tr.entries)  # the backend's internals
+
+
+def test_layouts_change_per_step():
+    net = nn.Sequential(nn.ReLU())
+    with record(net, Layout.packed([0, 2, 5], ["a", "b"])) as tr:
+        net(torch.randn(5, 3))
+        tr.set_layout(Layout.per_request(["a", "b"]))
+        net(torch.randn(2, 3))
+        with tr.step(Layout.per_request(["b"]), step=7):
+            net(torch.randn(1, 3))
+        assert tr.current_step == 1
+    roots = [e for e in tr.entries if e.name == "Sequential"]
+    assert [(e.step, e.call_index) for e in roots] == [(0, 0), (1, 0), (7, 0)]
+    assert tr.steps == [0, 1, 7]
+    assert [e.inputs[0].alignment for e in roots] == ["tokens", "requests", "requests"]
+    assert roots[2].layout.request_ids == ("b",)
+
+
+def test_nothing_is_left_behind_after_an_exception():
+    class Boom(nn.Module):
+        def forward(self, x):
+            F.silu(x)
+            raise RuntimeError("boom")
+
+    net = nn.Sequential(nn.ReLU(), Boom())
+    for level in ("modules", "ops"):
+        with pytest.raises(RuntimeError, match="boom"), record(net, Layout.per_request([0]), level=level) as tr:
+            net(torch.randn(1, 3))
+        assert hooks_left(net) == 0 and modes_left() == 0
+        failed = [e.name for e in tr.entries if e.error]
+        assert failed == ["Sequential", "1"]
+    n = len(tr)
+    net[0](torch.randn(1, 3))  # hooks gone: nothing more is recorded
+    matmul(torch.randn(2, 2), torch.randn(2, 2), backend="torch")  # observer gone
+    assert len(tr) == n
+
+
+def test_a_model_called_while_an_exception_is_handled_records_normally():
+    net = nn.Sequential(nn.ReLU())
+    with record(net, Layout.per_request([0])) as tr:
+        try:
+            raise KeyError("handled by the caller")
+        except KeyError:
+            net(torch.randn(1, 3))
+    assert [(e.name, e.error, len(e.outputs)) for e in tr.entries] == [("Sequential", False, 1), ("0", False, 1)]
+
+
+def test_blocks_nest_and_do_not_record_each_other():
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    x = torch.randn(2, 3)
+    with record(net, Layout.per_request([0, 1]), level="ops") as alone:
+        net(x)
+    with record(net, Layout.per_request([0, 1]), level="ops") as outer:
+        with record(net, Layout.per_request([0, 1]), level="modules") as inner:
+            net(x)
+        assert hooks_left(net) == 6 and modes_left() == 1  # the outer block's: a pre and a post hook per module
+    assert hooks_left(net) == 0 and modes_left() == 0
+    assert [e.name for e in outer.entries] == [e.name for e in alone.entries]
+    assert [e.name for e in inner.entries] == ["Sequential", "0", "1"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        pytest.param(dict(model="net"), "model: expected a torch.nn.Module", id="model"),
+        pytest.param(dict(layout=[0, 1]), "layout: expected a gdn_lab.trace.Layout", id="layout"),
+        pytest.param(dict(level="aten"), "level: 'aten'", id="level"),
+        pytest.param(dict(hash_impl="xxhash"), "hash_impl: 'xxhash'", id="hash_impl"),
+    ],
+)
+def test_bad_arguments_are_rejected(kwargs, match):
+    args = dict(model=nn.ReLU(), layout=Layout.per_request([0]), **{"level": "modules"})
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match), record(**args):
+        pass
+
+
+def test_a_hugging_face_model_built_from_a_config():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad(), record(model, Layout.per_request([0, 1]), level="ops") as tr:
+        model(torch.randint(0, 64, (2, 5)))
+    names = {e.name for e in tr.entries}
+    assert {"Qwen3ForCausalLM", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.q_proj.F.linear"} <= names
+    assert "model.layers.0.self_attn.F.scaled_dot_product_attention" in names
+    logits = next(e for e in tr.entries if e.name == "Qwen3ForCausalLM").outputs
+    assert any(r.path == "out['logits']" and r.alignment == "requests" for r in logits)
+    assert hooks_left(model) == 0 and modes_left() == 0
