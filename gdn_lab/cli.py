@@ -20,6 +20,9 @@ examples:
   gdn-lab run --preset cpu-smoke   every notebook on the CPU smoke preset; prints where index.html is
   gdn-lab run --preset h200 --only 01 -p seed=3 --out /tmp/run
   gdn-lab invariance --op decode_attention --backend triton --device cpu --targets 1,257 --batch-sizes 2,8
+  gdn-lab fingerprint --preset cpu-smoke --out golden.json      the regression gate's golden file
+  gdn-lab check --golden golden.json                           rerun it: exit 1 if anything regressed
+  gdn-lab compare runs/h200 runs/mi350x                         two runs (or fingerprints) side by side
 """
 
 
@@ -125,6 +128,72 @@ def _invariance(args: argparse.Namespace) -> int:
     return 0 if not tested.empty and bool(tested.bitwise_equal.astype(bool).all()) else 1
 
 
+def _fingerprint(args: argparse.Namespace) -> int:
+    from gdn_lab.gate import golden
+    from gdn_lab.gate.fingerprint import GateConfig, fingerprint
+    from gdn_lab.report import presets
+
+    try:
+        preset = presets.load(args.preset)
+        if not preset.gate:
+            raise ValueError(f"preset {preset.name}: has no gate section (gate: {{cases: [...]}})")
+        cfg = GateConfig(**preset.gate)
+        _interpret_on_cpu(cfg.torch_device)
+        doc = fingerprint(cfg, only=args.only, preset=preset.name, progress=not args.quiet)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    path = golden.write(args.out, doc)
+    print(f"{path}: {len(doc['cases'])} cases in {doc['duration_s']} s")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from gdn_lab.gate import golden
+    from gdn_lab.gate.check import check_documents, report
+    from gdn_lab.gate.fingerprint import GateConfig, fingerprint
+
+    try:
+        old = golden.read(args.golden)
+        cfg = GateConfig(**old["config"])
+        _interpret_on_cpu(cfg.torch_device)
+        only = sorted({c["op"] for c in old["cases"]})
+        now = fingerprint(cfg, only=only, preset=old.get("preset"), progress=not args.quiet)
+    except (golden.GoldenError, TypeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result = check_documents(old, now)
+    print(report(result, args.golden))
+    if args.update:
+        golden.write(args.golden, now)
+        print(
+            f"updated {args.golden} ({len(result.findings)} findings and {len(result.notes)} notes recorded as the new golden)"
+        )
+        return 0
+    return 0 if result.ok else 1
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from gdn_lab.report.compare import CompareError, compare, summary_text, write_html
+
+    try:
+        a, b, diff = compare(args.a, args.b, args.tolerance)
+    except (CompareError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(summary_text(a, b, diff, args.tolerance))
+    if args.out:
+        print(write_html(args.out, a, b, diff, args.tolerance))
+    return 0 if diff.none else 1
+
+
+def _interpret_on_cpu(device) -> None:
+    import os
+
+    if device.type == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gdn-lab",
@@ -190,6 +259,54 @@ def build_parser() -> argparse.ArgumentParser:
     inv.add_argument("--seed", type=int, default=0)
     inv.add_argument("--json", action="store_true", help="JSON lines, one per row")
     inv.set_defaults(func=_invariance)
+
+    fp = sub.add_parser(
+        "fingerprint",
+        help="record the regression gate: every case's verdict, output hashes and rule prediction, as a golden file",
+        description="Run the preset's gate cases (its `gate:` section) and write a versioned JSON fingerprint: per "
+        "case the op, backend, shapes, batch composition, position and seed, the invariance verdict, a 64-bit hash "
+        "of every output and state alone and batched, the backend's rule prediction, and the environment. "
+        "Exit status: 0 written, 2 bad input.",
+    )
+    fp.add_argument(
+        "--preset", required=True, help="preset name (data/presets/NAME.yaml) or a YAML file with a gate section"
+    )
+    fp.add_argument("--only", nargs="+", metavar="OP", help="only the cases of these ops")
+    fp.add_argument("--out", required=True, help="the fingerprint file to write (JSON)")
+    fp.add_argument("--quiet", action="store_true", help="no progress bars")
+    fp.set_defaults(func=_fingerprint)
+
+    ck = sub.add_parser(
+        "check",
+        help="rerun a golden fingerprint's cases; exit 1 when invariance, a control, the numerics or a rule regressed",
+        description="Rerun the cases of a fingerprint file and compare. Findings (exit 1): a case that was invariant "
+        "no longer is; a control is no longer caught; an output hash changed on the same device, arch and library "
+        "version (hashes of autotuned backends are never compared); a predicted switch no longer happens or an "
+        "unpredicted one appears; a case no longer runs. On another device, arch or library version only verdicts "
+        "are compared, and the output says so. Exit status: 0 everything holds, 1 findings, 2 a missing, malformed "
+        "or future-schema golden file (or bad input).",
+    )
+    ck.add_argument("--golden", required=True, help="the fingerprint file (gdn-lab fingerprint --out)")
+    ck.add_argument(
+        "--update", action="store_true", help="after an intended change: rewrite the golden file and print what moved"
+    )
+    ck.add_argument("--quiet", action="store_true", help="no progress bars")
+    ck.set_defaults(func=_check)
+
+    cp = sub.add_parser(
+        "compare",
+        help="two suite runs (or two fingerprints) side by side: verdicts, error statistics, cases, environment",
+        description="Join two run directories (gdn-lab run --out) or two fingerprint files on their cases (never on "
+        "where they ran) and print what changed: verdicts, error statistics beyond --tolerance, cases on one side only, "
+        "environment differences; --out writes the HTML diff. Exit status: 0 no differences, 1 differences, 2 bad input.",
+    )
+    cp.add_argument("a", help="run directory or fingerprint file")
+    cp.add_argument("b", help="run directory or fingerprint file")
+    cp.add_argument(
+        "--tolerance", type=float, default=0.25, help="relative change of an error statistic that counts (0.25)"
+    )
+    cp.add_argument("--out", help="write the HTML diff here")
+    cp.set_defaults(func=_compare)
     return parser
 
 

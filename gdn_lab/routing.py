@@ -81,6 +81,9 @@ class Backend:
             Triton kernels off ROCm are told gfx950 or gfx942), or None when it runs natively;
             None for backends that never emulate.
         rule: the dispatch rule its kernel follows (`gdn_lab.rules.base.DispatchRule`), or None.
+        reproducible: a second process given the same inputs on the same machine computes the same
+            bits; False for autotuned kernels, whose config can differ from process to process
+            (a regression gate records their hashes but never compares them).
         description: one line for `explain()` and `gdn-lab env`.
     """
 
@@ -95,6 +98,7 @@ class Backend:
     variant_control: bool = False
     emulated_arch: Callable[[], str | None] | None = None
     rule: Any = None
+    reproducible: bool = True
     description: str = ""
 
     def __post_init__(self) -> None:

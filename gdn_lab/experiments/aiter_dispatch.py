@@ -40,7 +40,7 @@ from gdn_lab import aiter_loader, checks, routing
 from gdn_lab.experiments import common
 from gdn_lab.experiments.common import fmt_list, max_abs
 from gdn_lab.experiments.config import ExperimentConfig, check, positive, positive_ints, shape_of
-from gdn_lab.experiments.loop import Case, Comparison, Metrics, alone_vs_batched, run_backend
+from gdn_lab.experiments.loop import Case, Comparison, Metrics, alone_vs_batched, frame, run_backend
 from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
 from gdn_lab.ops import spec as op_spec
 from gdn_lab.ops.batch import BuildOptions
@@ -173,23 +173,32 @@ class DispatchConfig(ExperimentConfig):
         return out
 
 
-class _Predictions(Metrics):
-    """The backend's rule on both launches, against the bits; the reference backend for closeness."""
+class RulePredictions(Metrics):
+    """The backend's rule on both launches, against the bits; the reference backend for closeness.
 
-    def __init__(self, env: RuleEnv) -> None:
-        self.env = env
+    Backends without a rule get no prediction columns; `closeness=False` skips the reference run.
+    """
+
+    def __init__(self, env: RuleEnv, closeness: bool = True) -> None:
+        self.env, self.closeness = env, closeness
 
     def reference(self, case: Case, args: Mapping[str, Any], view: Any) -> dict[str, torch.Tensor]:
+        if not self.closeness:
+            return {}
         spec = op_spec.get(case.op)
         ran = run_backend(case.op, spec.reference, args)
         return spec.tensors(ran.result, ran.args, view) if ran.status == "compared" else {}
 
     def alone(self, case: Case, backend: routing.Backend, args: Any, tensors: Any, reference: Any) -> dict[str, Any]:
+        if backend.rule is None:
+            return {}
         p = backend.rule.predict(args, case.alone.position, self.env)
         return {"alone_variant": p.variant, "alone_key": p.key}
 
     def batched(self, c: Comparison) -> dict[str, Any]:
         rule, spec = c.backend.rule, op_spec.get(c.case.op)
+        if rule is None:
+            return {}
         p = rule.predict(c.args, c.batch.position, self.env)
         expected = rule.expect(c.alone["alone_key"], p.key)
         mine = c.mine[c.tensor]
@@ -267,8 +276,8 @@ def run(cfg: DispatchConfig, progress: bool = True) -> pd.DataFrame:
         for op in dict.fromkeys(c.op for c in cases):
             backends = [b for b in cfg.chosen() if b.op == op]
             mine = [c for c in cases if c.op == op]
-            rows += alone_vs_batched(mine, backends, _Predictions(env), progress=progress, desc="dispatch rules")
-    return pd.DataFrame(rows, columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
+            rows += alone_vs_batched(mine, backends, RulePredictions(env), progress=progress, desc="dispatch rules")
+    return frame(rows, COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
 
 
 # --- reading the table ----------------------------------------------------------------------

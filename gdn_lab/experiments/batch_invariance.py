@@ -36,7 +36,7 @@ from gdn_lab.experiments.config import (
     positive_ints,
     shape_of,
 )
-from gdn_lab.experiments.loop import Case, Comparison, Metrics, alone_vs_batched, run_backend, select_backends
+from gdn_lab.experiments.loop import Case, Comparison, Metrics, alone_vs_batched, frame, run_backend, select_backends
 from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
 from gdn_lab.ops import spec as op_spec
 from gdn_lab.ops.batch import BuildOptions
@@ -223,11 +223,19 @@ def run_ops(
     return pd.concat([run(cfg, progress=progress) for cfg in configs(ops, op_overrides, **common)], ignore_index=True)
 
 
-def run(cfg: InvarianceConfig, progress: bool = True) -> pd.DataFrame:
-    """Run a configured experiment (see `batch_invariance`)."""
+def run(cfg: InvarianceConfig, progress: bool = True, metrics: Metrics | None = None) -> pd.DataFrame:
+    """Run a configured experiment (see `batch_invariance`).
+
+    Args:
+        cfg: the experiment.
+        progress: a tqdm bar on stderr.
+        metrics: the columns each comparison gets (default: the distance to the op's reference);
+            a caller that needs other columns (a regression gate's hashes) passes its own.
+    """
     chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls, cfg.strict_backends)
-    rows = alone_vs_batched(cfg.cases(), chosen, _ReferenceCloseness(), progress=progress, desc=cfg.op)
-    return _with_sensitivity(pd.DataFrame(rows, columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS))
+    metrics = _ReferenceCloseness() if metrics is None else metrics
+    rows = alone_vs_batched(cfg.cases(), chosen, metrics, progress=progress, desc=cfg.op)
+    return _with_sensitivity(frame(rows, COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS))
 
 
 def _with_sensitivity(df: pd.DataFrame) -> pd.DataFrame:

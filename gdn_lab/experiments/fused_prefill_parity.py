@@ -33,7 +33,7 @@ from gdn_lab.experiments.config import (
     positive_ints,
     shape_of,
 )
-from gdn_lab.experiments.loop import Case, Comparison, Metrics, against_reference, select_backends
+from gdn_lab.experiments.loop import Case, Comparison, Metrics, against_reference, frame, select_backends
 from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
 from gdn_lab.ops import spec as op_spec
 from gdn_lab.ops.batch import BuildOptions
@@ -137,7 +137,7 @@ def run(cfg: ParityConfig, progress: bool = True) -> pd.DataFrame:
     reference = op_spec.get(cfg.op).reference
     chosen = [b for b in select_backends(cfg.op, cfg.backends, cfg.include_controls) if b.name != reference]
     rows = against_reference(cfg.cases(), chosen, _Closeness(), progress=progress, desc="fused prefill parity")
-    return pd.DataFrame(rows, columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
+    return frame(rows, COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
 
 
 def headline(parity: pd.DataFrame, invariance: pd.DataFrame | None = None) -> str:

@@ -35,7 +35,7 @@ from gdn_lab.experiments.config import (
     positive_ints,
     shape_of,
 )
-from gdn_lab.experiments.loop import Case, Metrics, alone_vs_batched, select_backends
+from gdn_lab.experiments.loop import Case, Metrics, alone_vs_batched, frame, select_backends
 from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
 from gdn_lab.ops import spec as op_spec
 from gdn_lab.ops.batch import BuildOptions
@@ -159,7 +159,7 @@ def run(cfg: KVCacheConfig, progress: bool = True) -> pd.DataFrame:
     """Run a configured experiment (see `kv_cache_dtype`)."""
     chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls)
     rows = alone_vs_batched(cfg.cases(), chosen, _ErrorVsUnquantized(), progress=progress, desc="kv cache dtype")
-    return pd.DataFrame(rows, columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
+    return frame(rows, COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
 
 
 def headline(df: pd.DataFrame) -> str:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
 import torch
 from tqdm import tqdm
 
@@ -153,6 +154,22 @@ class Metrics:
         return {}
 
 
+class Combined(Metrics):
+    """Several experiments' metrics on one run: each hook's columns merged, in order."""
+
+    def __init__(self, *parts: Metrics) -> None:
+        self.parts = parts
+
+    def reference(self, case: Case, args: Mapping[str, Any], view: op_spec.View) -> dict[str, torch.Tensor]:
+        return {k: v for m in self.parts for k, v in m.reference(case, args, view).items()}
+
+    def alone(self, case, backend, args, tensors, reference) -> dict[str, Any]:
+        return {k: v for m in self.parts for k, v in m.alone(case, backend, args, tensors, reference).items()}
+
+    def batched(self, row: Comparison) -> dict[str, Any]:
+        return {k: v for m in self.parts for k, v in m.batched(row).items()}
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One compared tensor, as `Metrics.batched` sees it.
@@ -176,6 +193,13 @@ class Comparison:
     baseline: Mapping[str, torch.Tensor]
     reference: Mapping[str, torch.Tensor]
     alone: Mapping[str, Any]
+
+
+def frame(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
+    """The rows as a table: `columns` first, in order (present even with no rows), then any other
+    column a caller's metrics added."""
+    extra = list(dict.fromkeys(k for r in rows for k in r if k not in columns))
+    return pd.DataFrame(list(rows), columns=[*columns, *extra])
 
 
 def batch_view(spec: op_spec.OpSpec, batch: Batch, args: Mapping[str, Any]) -> op_spec.View:

@@ -39,7 +39,7 @@ from gdn_lab.experiments.config import (
     positive_ints,
     shape_of,
 )
-from gdn_lab.experiments.loop import Case, Metrics, alone_vs_batched, select_backends
+from gdn_lab.experiments.loop import Case, Metrics, alone_vs_batched, frame, select_backends
 from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
 from gdn_lab.ops import spec as op_spec
 from gdn_lab.ops.batch import BuildOptions
@@ -147,7 +147,7 @@ def run(cfg: PartitionEdgesConfig, progress: bool = True) -> pd.DataFrame:
     """Run a configured experiment (see `partition_edges`)."""
     chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls)
     rows = alone_vs_batched(cfg.cases(), chosen, _ErrorVsExact(), progress=progress, desc="partition edges")
-    return pd.DataFrame(rows, columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
+    return frame(rows, COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
 
 
 def ulp_histogram(df: pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,10 @@ parameters:          # given to every notebook that declares the parameter
 notebooks:           # per-notebook values, replacing `parameters`
   01_batch_invariance:
     ops: [decode_attention, gdn_decode]
+gate:                # the cases `gdn-lab fingerprint` records (gdn_lab.gate.fingerprint.GateConfig)
+  device: cpu
+  cases:
+    - {op: decode_attention, backends: [triton], targets: [1, 257], batch_sizes: [2, 8]}
 ```
 
 `notebook_parameters(preset, notebook, **given)` resolves what one notebook runs with: the preset's
@@ -27,7 +31,7 @@ from typing import Any
 import yaml
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "data" / "presets"
-TOP_LEVEL_KEYS = {"description", "parameters", "notebooks"}
+TOP_LEVEL_KEYS = {"description", "parameters", "notebooks", "gate"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class Preset:
         description: one line.
         parameters: values for every notebook that declares them.
         notebooks: {notebook stem: values for that notebook}.
+        gate: the regression gate's fields (`GateConfig`), or empty.
         path: the YAML file.
     """
 
@@ -46,6 +51,7 @@ class Preset:
     description: str
     parameters: dict[str, Any] = field(default_factory=dict)
     notebooks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 
     def for_notebook(self, notebook: str) -> dict[str, Any]:
@@ -88,6 +94,7 @@ def load(name: str | os.PathLike, preset_dir: Path = PRESET_DIR) -> Preset:
         description=str(data.get("description", "")),
         parameters=dict(data.get("parameters") or {}),
         notebooks={str(k): dict(v) for k, v in notebooks.items()},
+        gate=dict(data.get("gate") or {}),
         path=path,
     )
 

@@ -15,6 +15,7 @@ register(
         available=available_chunk,
         covered=covered_chunk,
         priority=PRIORITY_FLA,
+        reproducible=False,  # chunk_delta_h is autotuned: its config can differ between processes
         description="fla chunk_gated_delta_rule, varlen cu_seqlens, FLA_DISABLE_BACKEND_DISPATCH=1",
     )
 )
