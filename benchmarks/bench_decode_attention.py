@@ -184,7 +184,8 @@ def sdpa_backends(device: torch.device) -> list:
 
 class Bench:
     def __init__(self, args: argparse.Namespace):
-        from gdn_lab.device import detect, fingerprint
+        from gdn_lab.device import detect
+        from gdn_lab.environment import fingerprint
 
         self.args = args
         self.device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")

@@ -177,7 +177,7 @@ def time_eager(fn: Callable[[], object], device: torch.device, smoke: bool) -> f
 
 class Bench:
     def __init__(self, args: argparse.Namespace):
-        from gdn_lab.device import fingerprint
+        from gdn_lab.environment import fingerprint
         from gdn_lab.ops import spec
         from gdn_lab.ops.gdn_decode import triton_kernels as triton_decode
 

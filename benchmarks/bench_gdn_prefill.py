@@ -275,7 +275,7 @@ def parity(out, state, ref_out, ref_state) -> dict[str, float]:
 
 class Bench:
     def __init__(self, args: argparse.Namespace):
-        from gdn_lab.device import fingerprint
+        from gdn_lab.environment import fingerprint
 
         self.args = args
         self.device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gdn_lab.device import fingerprint
+    from gdn_lab.environment import fingerprint
     from gdn_lab.experiments.compare import compare
     from gdn_lab.ops.matmul.triton_kernels import matmul_triton
 

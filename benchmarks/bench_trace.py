@@ -192,7 +192,7 @@ def read_trace(trace, device: torch.device) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gdn_lab.device import fingerprint
+    from gdn_lab.environment import fingerprint
     from gdn_lab.trace.hashing import resolve_impl
 
     if not args.smoke and not torch.cuda.is_available():

@@ -26,10 +26,30 @@ examples:
 """
 
 
+def _interpreter_note(device, set_here: bool) -> str:
+    """How TRITON_INTERPRET came to be what it is, for `env`'s output ("" when it is not set)."""
+    import os
+
+    from gdn_lab.device import interpreting
+
+    if set_here:
+        return "TRITON_INTERPRET=1 set by gdn-lab on the CPU, as `gdn-lab run` and `gdn-lab invariance` do"
+    value = os.environ.get("TRITON_INTERPRET")
+    if value is None:
+        return ""
+    if device.type == "cpu" and not interpreting():
+        return (
+            f"TRITON_INTERPRET={value} from the environment: no Triton on the CPU; `gdn-lab invariance` keeps "
+            "it, `gdn-lab run` sets 1 for its notebooks"
+        )
+    return f"TRITON_INTERPRET={value} from the environment"
+
+
 def _env(args: argparse.Namespace) -> int:
     import torch
 
-    from gdn_lab.device import default_device, fingerprint
+    from gdn_lab import environment
+    from gdn_lab.device import default_device, interpreter_default
     from gdn_lab.ops import spec
     from gdn_lab.routing import explain
 
@@ -37,18 +57,25 @@ def _env(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: no CUDA/ROCm device is visible to torch", file=sys.stderr)
         return 2
+    # What `run` and `invariance` do before any kernel is imported, so the probes below agree with them.
+    set_here = interpreter_default(device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    fp = fingerprint(device)
+    fp = environment.fingerprint(device)
+    notes = environment.notes(fp)
+    interpret_note = _interpreter_note(device, set_here)
+    if interpret_note:
+        notes["triton_interpret"] = interpret_note
     rows = []
     for op in spec.names():
         rows.extend(explain(op, spec.get(op).example(device=device, dtype=dtype)))
     if args.json:
-        print(json.dumps({"fingerprint": fp, "backends": rows}, indent=2, default=str))
+        print(json.dumps({"fingerprint": fp, "notes": notes, "backends": rows}, indent=2, default=str))
         return 0
     width = max(len(k) for k in fp)
     print("fingerprint")
     for k, v in fp.items():
-        print(f"  {k:<{width}}  {v}")
+        note = f"  ({notes[k]})" if k in notes else ""
+        print(f"  {k:<{width}}  {v}{note}")
     print(f"\nbackends for a small {str(dtype).removeprefix('torch.')} call on {device}")
     print("(available: imports and platform; covered: this call's shapes and dtypes; * = auto would pick it)")
     current = None
@@ -89,15 +116,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _invariance(args: argparse.Namespace) -> int:
-    import os
-
+    from gdn_lab.device import interpreter_default
     from gdn_lab.experiments.batch_invariance import batch_invariance, summarize
     from gdn_lab.workloads import resolve_device
 
     try:
         device = resolve_device(args.device)
-        if device.type == "cpu":
-            os.environ.setdefault("TRITON_INTERPRET", "1")
+        interpreter_default(device)  # on the CPU: TRITON_INTERPRET=1 unless set
         df = batch_invariance(
             args.op,
             backends=[args.backend],
@@ -205,8 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser(
         "env",
         help="the environment fingerprint and, for each op, which backends can run here and why not",
-        description="Print the environment fingerprint (device, arch, torch/triton/fla/aiter/flydsl versions) "
-        "and, for each op, every backend's availability and coverage of a small example call.",
+        description="Print the environment fingerprint (device, arch, torch/triton/fla/aiter/flydsl versions, "
+        "gdn_lab's version and git commit, AITER's route and the arch it is told) and, for each op, every "
+        "backend's availability and coverage of a small example call. On the CPU it first sets "
+        "TRITON_INTERPRET=1 unless the environment sets it, as `run` and `invariance` do, so it reports what "
+        "they would run.",
     )
     env.add_argument("--device", choices=["cpu", "cuda"], help="device to probe (default: the GPU if any, else cpu)")
     env.add_argument("--json", action="store_true", help="print JSON instead of a table")

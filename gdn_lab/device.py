@@ -1,12 +1,14 @@
-"""Platform and architecture detection, fp8 dtype per arch, the environment fingerprint.
+"""Platform and architecture detection, fp8 dtype per arch, whether Triton runs here, package versions.
 
 Everything here is cheap and never raises on a machine without a GPU: a result table must be
-able to say where it came from whatever the machine.
+able to say where it came from whatever the machine. The environment fingerprint is composed
+above this module (`gdn_lab.environment`), from these facts, AITER's route and gdn_lab's commit.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform as _platform
 import sys
@@ -129,16 +131,74 @@ def detect(device: torch.device | str | None = None) -> DeviceInfo:
     return _info(str(dev))
 
 
+# The values Triton reads as true for a boolean variable (triton.knobs' getenv_bool, case-insensitive).
+_TRUE_VALUES = ("1", "true", "on", "yes", "y")
+NO_TRITON_HERE = "no GPU and TRITON_INTERPRET is not set (set TRITON_INTERPRET=1 to run Triton on the CPU)"
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter: TRITON_INTERPRET is set to a value
+    Triton reads as true ("1", "true", "on", "yes", "y", any case).
+
+    Read at every call (it is an environment lookup): the variable may be set after import, as
+    `gdn-lab run`, `gdn-lab invariance` and the notebooks' `setup()` do on the CPU.
+    """
+    return os.environ.get("TRITON_INTERPRET", "").lower() in _TRUE_VALUES
+
+
+@cache
+def triton_installed() -> bool:
+    """Whether `triton` is importable (found without importing it; cached: routing asks on every call)."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@cache
+def _on_gpu(platform: str) -> str:
+    return f"triton {triton_version()} on {platform}"
+
+
 def triton_mode(device: torch.device | str | None = None) -> tuple[str | None, str]:
-    """How Triton kernels can run on `device`: ("gpu" | "interpreter" | None, reason)."""
+    """Whether and how Triton kernels run on `device`: the one place the lab decides it.
+
+    Args:
+        device: where the kernel's tensors live (default: the current accelerator, else the CPU).
+
+    Returns:
+        ("gpu", reason) on a CUDA/ROCm device, ("interpreter", reason) on the CPU when
+        TRITON_INTERPRET is on (`interpreting()`), else (None, why not): triton is not
+        installed, or the CPU without the interpreter.
+
+    Example:
+        >>> triton_mode("cpu")[0] in (None, "interpreter")
+        True
+    """
     dev = torch.device(device) if device is not None else default_device()
-    if _version("triton") is None:
+    if not triton_installed():
         return None, "triton is not installed"
     if dev.type == "cuda":
-        return "gpu", f"triton {_version('triton')} on {platform_of(dev)}"
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return "gpu", _on_gpu(platform_of(dev))
+    if interpreting():
         return "interpreter", "TRITON_INTERPRET=1: Triton's interpreter on the CPU"
-    return None, "no GPU and TRITON_INTERPRET is not set (set TRITON_INTERPRET=1 to run Triton on the CPU)"
+    return None, NO_TRITON_HERE
+
+
+def interpreter_default(device: torch.device | str | None = None) -> bool:
+    """On the CPU, set TRITON_INTERPRET=1 unless the environment already sets it, as
+    `gdn-lab invariance`, `gdn-lab env` and the notebooks' `setup()` do, before any Triton kernel
+    module is imported (triton.jit reads the variable when it decorates). `gdn-lab run` sets it
+    to 1 for its notebooks' kernels on the CPU (`report.runner.kernel_environment`).
+
+    Returns:
+        True if this call set it.
+    """
+    dev = torch.device(device) if device is not None else default_device()
+    if dev.type != "cpu" or "TRITON_INTERPRET" in os.environ:
+        return False
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True
 
 
 @cache
@@ -150,10 +210,9 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _own_version() -> str:
-    from gdn_lab import __version__
-
-    return __version__
+def triton_version() -> str | None:
+    """Triton's version (the `triton` distribution, or ROCm's `pytorch-triton-rocm`)."""
+    return _version("triton") or _version("pytorch-triton-rocm")
 
 
 def package_versions() -> dict[str, str | None]:
@@ -161,32 +220,28 @@ def package_versions() -> dict[str, str | None]:
     return {
         "python": _platform.python_version(),
         "torch": torch.__version__,
-        "triton": _version("triton") or _version("pytorch-triton-rocm"),
+        "triton": triton_version(),
         "fla": _version("fla-core") or _version("flash-linear-attention"),
         "aiter": _version("amd-aiter") or _version("aiter"),
         "flydsl": _version("flydsl"),
-        "gdn_lab": _version("gdn_lab") or _own_version(),  # on PYTHONPATH without an install
     }
 
 
-def fingerprint(device: torch.device | str | None = None) -> dict[str, object]:
-    """The environment fingerprint every result table carries, so runs from two machines join.
+def device_fields(device: torch.device | str | None = None) -> dict[str, object]:
+    """The device's part of the environment fingerprint (`gdn_lab.environment.fingerprint`).
 
-    Returns a flat dict: package versions, the device's platform, name, arch and SM/CU count,
-    the torch CUDA/HIP version, whether Triton runs in its interpreter, and how AITER's Triton
-    kernels load here (aiter_route, aiter_arch and aiter_num_cus: `gdn_lab.aiter_loader`).
+    Returns a flat dict: platform, device (its name), arch, num_sms, fp8_dtype, the torch CUDA/HIP
+    versions, how Triton runs on it (triton_mode: "gpu", "interpreter" or None) and whether
+    TRITON_INTERPRET is on, the OS and the Python executable.
     """
     info = detect(device)
-    fp: dict[str, object] = dict(package_versions())
-    fp.update({k: v for k, v in asdict(info).items() if k != "fp8_dtype"})
+    fp: dict[str, object] = {k: v for k, v in asdict(info).items() if k != "fp8_dtype"}
     fp["device"] = fp.pop("name")
     fp["fp8_dtype"] = str(info.fp8_dtype).removeprefix("torch.")
     fp["cuda"] = torch.version.cuda
     fp["hip"] = torch.version.hip
-    fp["triton_interpret"] = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    fp["triton_mode"] = triton_mode(device)[0]
+    fp["triton_interpret"] = interpreting()
     fp["os"] = f"{_platform.system()} {_platform.release()}"
     fp["executable"] = sys.executable
-    from gdn_lab.aiter_loader import fingerprint_fields  # aiter's route and emulated arch; imports no aiter
-
-    fp.update(fingerprint_fields(device))
     return fp

@@ -14,6 +14,10 @@ from gdn_lab.ops import spec
 
 MODULES = [
     "gdn_lab.device",
+    "gdn_lab.environment",
+    "gdn_lab.aiter",
+    "gdn_lab.aiter.probe",
+    "gdn_lab.aiter.emulation",
     "gdn_lab.ops.spec",
     "gdn_lab.rules.base",
     "gdn_lab.experiments.config",

@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from gdn_lab import aiter_loader, checks, routing
+from gdn_lab import aiter, checks, routing
 from gdn_lab.experiments import common
 from gdn_lab.experiments.common import fmt_list, max_abs
 from gdn_lab.experiments.config import ExperimentConfig, check, positive, positive_ints, shape_of
@@ -125,7 +125,7 @@ class DispatchConfig(ExperimentConfig):
     batch_sizes: tuple[int, ...] = field(default=(2, 16, 17, 64), metadata=check(positive_ints))
     trials: int = field(default=1, metadata=check(positive))
     kv_dtype: str | None = None
-    arch: str = aiter_loader.DEFAULT_ARCH
+    arch: str = aiter.DEFAULT_ARCH
     num_cus: int | None = field(default=None, metadata=check(positive))
     attention: dict[str, int] | None = None
     min_context: int = field(default=1, metadata=check(positive))
@@ -136,7 +136,7 @@ class DispatchConfig(ExperimentConfig):
         super().validate()
         if self.max_context < self.min_context:
             raise ValueError(f"max_context: must be >= min_context (={self.min_context}), got {self.max_context}")
-        aiter_loader.Emulation(self.arch, self.num_cus)  # validates arch and num_cus
+        aiter.Emulation(self.arch, self.num_cus)  # validates arch and num_cus
         for b in self.chosen():
             shape_of(b.op, self.shapes)
 
@@ -262,14 +262,14 @@ def aiter_dispatch_by_op(
 
 def run(cfg: DispatchConfig, progress: bool = True) -> pd.DataFrame:
     """Run a configured experiment (see `aiter_dispatch`)."""
-    with aiter_loader.emulate(cfg.arch, cfg.num_cus):
+    with aiter.emulate(cfg.arch, cfg.num_cus):
         device = cfg.torch_device
-        env = RuleEnv(aiter_loader.effective_arch(device), aiter_loader.effective_num_cus(device))
+        env = RuleEnv(aiter.effective_arch(device), aiter.effective_num_cus(device))
         columns = {
             "emulated_arch": env.arch,
             "num_cus": env.num_cus,
-            "aiter_route": aiter_loader.fingerprint_fields(device)["aiter_route"],
-            "aiter_version": aiter_loader.probe().version,
+            "aiter_route": aiter.current_route()[0],
+            "aiter_version": aiter.probe().version,
         }
         cases = [replace(c, arch=env.arch, columns=columns) for c in cfg.cases()]
         rows = []

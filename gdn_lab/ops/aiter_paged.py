@@ -1,9 +1,9 @@
 """What AITER's Triton attention backends share: layout conversions, contracts, emulation (amd-aiter 0.1.7.post2.dev18).
 
-The kernels come from the `amd-aiter` wheel through `gdn_lab.aiter_loader` (its route and the
+The kernels come from the `amd-aiter` wheel through `gdn_lab.aiter` (its route and the
 emulated arch are in the fingerprint). Off ROCm they run on an NVIDIA GPU, or on the CPU under
 Triton's interpreter, with AITER told it runs on the emulated arch (gfx950 unless
-`aiter_loader.emulate` says otherwise); every experiment row records that arch.
+`aiter.emulate` says otherwise); every experiment row records that arch.
 
 | backend | op | AITER function | batch dependence (rule) |
 |---|---|---|---|
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from gdn_lab import aiter_loader
+from gdn_lab import aiter
 from gdn_lab.checks import dtype_name
 from gdn_lab.device import fp8_dtype_for
 from gdn_lab.ops.triton_support import interpreting, triton_device
@@ -116,10 +116,10 @@ def cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _emulation_note(device: torch.device) -> str:
-    if aiter_loader.on_rocm():
-        return f"ROCm {aiter_loader.effective_arch(device)}"
-    arch = aiter_loader.effective_arch(device)
-    return f"AITER told {arch}, {aiter_loader.effective_num_cus(device)} CUs"
+    if aiter.on_rocm():
+        return f"ROCm {aiter.effective_arch(device)}"
+    arch = aiter.effective_arch(device)
+    return f"AITER told {arch}, {aiter.effective_num_cus(device)} CUs"
 
 
 def _dtype_contract(args: Mapping[str, Any], allow_fp8: bool) -> Check:
@@ -132,10 +132,10 @@ def _dtype_contract(args: Mapping[str, Any], allow_fp8: bool) -> Check:
         return True, ""
     if k_cache.element_size() != 1 or not allow_fp8:
         return False, f"the cache must be in q's dtype ({dtype_name(q.dtype)}), got {dtype_name(k_cache.dtype)}"
-    want = fp8_dtype_for(aiter_loader.effective_arch(q.device))
+    want = fp8_dtype_for(aiter.effective_arch(q.device))
     if k_cache.dtype != want:
         return False, (
-            f"fp8 cache {dtype_name(k_cache.dtype)} is not the format of {aiter_loader.effective_arch(q.device)} "
+            f"fp8 cache {dtype_name(k_cache.dtype)} is not the format of {aiter.effective_arch(q.device)} "
             f"({dtype_name(want)})"
         )
     return True, ""
@@ -182,16 +182,16 @@ def available(kernel: str) -> Callable[[], Check]:
     """The availability probe of a backend running AITER kernel module `kernel`."""
 
     def probe() -> Check:
-        return aiter_loader.kernel_available(kernel)
+        return aiter.kernel_available(kernel)
 
     return probe
 
 
 def emulated_arch() -> str | None:
     """The arch AITER is told off ROCm (the current emulation), None on ROCm (it asks the device)."""
-    return None if aiter_loader.on_rocm() else aiter_loader.current_emulation().arch
+    return None if aiter.on_rocm() else aiter.current_emulation().arch
 
 
 def rule_env(device: torch.device) -> RuleEnv:
     """What AITER's dispatch sees here: the arch it dispatches for and the CU count."""
-    return RuleEnv(aiter_loader.effective_arch(device), aiter_loader.effective_num_cus(device))
+    return RuleEnv(aiter.effective_arch(device), aiter.effective_num_cus(device))

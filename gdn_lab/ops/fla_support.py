@@ -19,9 +19,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-import torch
-
-from gdn_lab.ops.triton_support import interpreting
+from gdn_lab.device import interpreting, triton_installed, triton_mode
 from gdn_lab.routing import Check
 
 ADAPTER = "gdn_lab.ops.fla_adapter"
@@ -34,18 +32,18 @@ CHUNK_ON_CPU = (
 
 @cache
 def _probe(interpret: bool, needs_gpu: bool) -> Check:
-    if importlib.util.find_spec("fla") is None or importlib.util.find_spec("triton") is None:
+    """fla's availability on the default device, from `device.triton_mode` (cached per TRITON_INTERPRET
+    setting, `interpret`, which is the cache key: the mode itself is read inside)."""
+    if importlib.util.find_spec("fla") is None or not triton_installed():
         return False, INSTALL_HINT
-    if torch.cuda.is_available():
+    mode, reason = triton_mode()
+    if mode == "gpu":
         return True, "fla on the GPU"
     if needs_gpu:
         return False, CHUNK_ON_CPU
-    if interpret:
+    if mode == "interpreter":
         return True, "fla's fused_recurrent under TRITON_INTERPRET=1 on the CPU"
-    return (
-        False,
-        "no GPU and TRITON_INTERPRET is not set (set TRITON_INTERPRET=1 to run fla's fused_recurrent on the CPU)",
-    )
+    return False, reason
 
 
 def available_recurrent() -> Check:
@@ -59,9 +57,10 @@ def available_chunk() -> Check:
 
 
 def covered_recurrent(args: Mapping[str, Any]) -> Check:
-    """Tensors on the GPU, or on the CPU under the interpreter."""
-    if args["q"].device.type == "cpu" and not interpreting():
-        return False, "tensors on the CPU and TRITON_INTERPRET is not set"
+    """Tensors on the GPU, or on the CPU under the interpreter (`device.triton_mode`)."""
+    mode, reason = triton_mode(args["q"].device)
+    if mode is None:
+        return False, reason
     return True, "fla fused_recurrent_gated_delta_rule"
 
 

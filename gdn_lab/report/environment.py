@@ -6,7 +6,7 @@ import pandas as pd
 import torch
 
 from gdn_lab import routing
-from gdn_lab.device import fingerprint
+from gdn_lab.environment import fingerprint, notes
 from gdn_lab.ops import spec as op_spec
 
 
@@ -15,8 +15,11 @@ def _note(amd_library: bool, platform: str) -> str:
 
 
 def fingerprint_table(device: torch.device | str) -> pd.DataFrame:
-    """The environment fingerprint as a two-column table (key, value)."""
-    return pd.DataFrame([{"key": k, "value": str(v)} for k, v in fingerprint(device).items()])
+    """The environment fingerprint as a table: key, value, and a note where a value needs one
+    (`gdn_lab.environment.notes`: e.g. that aiter_arch is the default emulation off ROCm)."""
+    fp = fingerprint(device)
+    said = notes(fp)
+    return pd.DataFrame([{"key": k, "value": str(v), "note": said.get(k, "")} for k, v in fp.items()])
 
 
 def routing_table(device: torch.device | str, dtype: torch.dtype = torch.float32) -> pd.DataFrame:

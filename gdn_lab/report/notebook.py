@@ -9,7 +9,6 @@ Example (the cell after `parameters`):
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -37,6 +36,7 @@ def setup(notebook: str, **parameters: Any) -> SimpleNamespace:
     Raises:
         ValueError: a required parameter is missing, or an unknown preset or device.
     """
+    from gdn_lab.device import interpreter_default
     from gdn_lab.workloads import resolve_device
 
     missing = [k for k in ("preset", "device", "seed", "out_dir") if k not in parameters]
@@ -44,8 +44,7 @@ def setup(notebook: str, **parameters: Any) -> SimpleNamespace:
         raise ValueError(f"setup: the parameters cell must define {', '.join(missing)}")
     resolved = notebook_parameters(parameters["preset"], notebook, **parameters)
     device = resolve_device(resolved["device"] or "auto")
-    if device.type == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    interpreter_default(device)  # on the CPU: TRITON_INTERPRET=1 unless set
     out = Path(resolved["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     ns = SimpleNamespace(**resolved)

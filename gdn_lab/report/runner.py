@@ -359,7 +359,7 @@ def run_suite(
     run_dir = Path(out) if out is not None else default_out(p.name)
     run_dir = run_dir.resolve()
     plans = plan(p, notebooks, chosen, ov, run_dir)
-    from gdn_lab.device import fingerprint
+    from gdn_lab.environment import fingerprint
     from gdn_lab.workloads import resolve_device
 
     try:
@@ -367,12 +367,14 @@ def run_suite(
     except ValueError as exc:
         raise RunError(str(exc)) from None
     run_dir.mkdir(parents=True, exist_ok=True)
+    with kernel_environment(device):  # the fingerprint sees the TRITON_INTERPRET the notebooks get
+        fp = fingerprint(device)
     summary = Summary(
         preset=p.name,
         out=str(run_dir),
         started=_now(),
         overrides=ov,
-        fingerprint=fingerprint(device),
+        fingerprint=fp,
         notebooks=[NotebookResult(nb.name, parameters=nb.parameters) for nb in plans],
     )
     kept = _earlier_results(run_dir, p.name, notebooks, {nb.name for nb in plans})

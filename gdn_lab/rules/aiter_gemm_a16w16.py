@@ -55,7 +55,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gdn_lab import aiter_loader, checks
+from gdn_lab import aiter, checks
 from gdn_lab.rules.base import Predicted, RuleEnv
 
 SOURCE = (
@@ -187,16 +187,16 @@ def installed_config_folder() -> tuple[Path, str | None]:
     Raises:
         ImportError: aiter is not installed, or has no such folder (the message says how to install it).
     """
-    p = aiter_loader.probe()
+    p = aiter.probe()
     if not p.installed or p.location is None:
         raise ImportError(
-            f"aiter is not installed; the gemm_a16w16 rule reads its config tables at run time: {aiter_loader.INSTALL_HINT}"
+            f"aiter is not installed; the gemm_a16w16 rule reads its config tables at run time: {aiter.INSTALL_HINT}"
         )
     folder = Path(p.location).joinpath(*CONFIG_FOLDER)
     if not folder.is_dir():
         raise ImportError(
             f"the installed aiter {p.version} at {p.location} has no {'/'.join(CONFIG_FOLDER)} folder; "
-            f"the rule was written against {aiter_loader.WRITTEN_AGAINST}: {aiter_loader.INSTALL_HINT}"
+            f"the rule was written against {aiter.WRITTEN_AGAINST}: {aiter.INSTALL_HINT}"
         )
     return folder, p.version
 
@@ -218,9 +218,7 @@ def config_file(arch: str, n: int, k: int) -> ConfigFile:
         return ConfigFile(specific, True, version)
     default = folder / f"{device}-GEMM-A16W16.json"
     if not default.is_file():
-        raise ImportError(
-            f"the installed aiter {version} has no {default.name} in {folder}: {aiter_loader.INSTALL_HINT}"
-        )
+        raise ImportError(f"the installed aiter {version} has no {default.name} in {folder}: {aiter.INSTALL_HINT}")
     return ConfigFile(default, False, version)
 
 

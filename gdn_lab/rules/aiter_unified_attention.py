@@ -12,7 +12,7 @@ Read from amd-aiter 0.1.7.post2.dev18, `aiter/ops/triton/unified_attention.py`
 
 `get_num_sms()` is the device's CU/SM count (132 on an H200; 256 on an MI350X, 80 on an MI308X),
 so the same batch can take different kernels on different machines: the predictor takes `num_cus`
-as a parameter, and the lab passes the count AITER saw (`gdn_lab.aiter_loader.effective_num_cus`).
+as a parameter, and the lab passes the count AITER saw (`gdn_lab.aiter.effective_num_cus`).
 
 What a request's bits depend on (`numerics_key`): the 2D kernel makes one online-softmax pass over
 the request's tiles (decode: tile = KV block, fixed by the cache), and is batch invariant. The 3D

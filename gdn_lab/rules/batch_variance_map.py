@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from gdn_lab import aiter_loader, checks
+from gdn_lab import aiter, checks
 from gdn_lab.rules import (
     aiter_fused_gdn_prefill,
     aiter_gemm_a16w16,
@@ -205,7 +205,7 @@ def _model(model: object) -> ModelShape:
 def _device(arch: str, device: str | None) -> Device:
     checks.check_choice("arch", arch, ARCHS)
     if device is None:
-        emulated = aiter_loader.EMULATED_DEVICES[arch]
+        emulated = aiter.EMULATED_DEVICES[arch]
         return DEVICES[emulated.name]
     checks.check_choice("device", device, tuple(DEVICES))
     d = DEVICES[device]
@@ -417,7 +417,7 @@ def batch_variance_long(
         arch: "gfx942" or "gfx950".
         max_batch: the largest batch size mapped.
         device: one of DEVICES on `arch` (its CU count); None: the lab's emulated device for the
-            arch (`aiter_loader.EMULATED_DEVICES`: MI350X for gfx950, MI308X for gfx942).
+            arch (`aiter.EMULATED_DEVICES`: MI350X for gfx950, MI308X for gfx942).
         context_len: every decode request's context (unified_attention, pa_decode).
         page_size: the KV block size unified_attention sees.
         extend_len: every prefill request's new tokens (CK batch prefill).

@@ -38,16 +38,8 @@ import numpy as np
 import torch
 
 from gdn_lab.trace.layout import UNALIGNED, Layout
+from gdn_lab.trace.mixing import M1, M2, G, S  # the definition's constants (shared with triton_hash)
 
-
-def _signed(x: int) -> int:
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-G = _signed(0x9E3779B97F4A7C15)  # column step (the golden ratio, as splitmix64's increment)
-S = _signed(0xD6E8FEB86659FD93)  # row-position step (an odd constant from the same family)
-M1 = _signed(0xBF58476D1CE4E5B9)  # splitmix64 finalizer multipliers
-M2 = _signed(0x94D049BB133111EB)
 IMPLS = ("auto", "torch", "triton")
 
 # int views by element size; 1-byte types (bool, uint8, fp8) read unsigned, wider ones signed.

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_lab.trace.hashing import M1, M2, G
+from gdn_lab.trace.mixing import M1, M2, G
 
 _G = tl.constexpr(G)
 _M1 = tl.constexpr(M1)

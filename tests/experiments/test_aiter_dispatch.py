@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdn_lab import aiter_loader
+from gdn_lab import aiter
 from gdn_lab.experiments.aiter_dispatch import (
     OUTCOMES,
     DispatchConfig,
@@ -72,7 +72,7 @@ def test_ruled_backends_are_found_through_their_metadata():
     assert all(b.rule.source and b.library.amd for b in ruled_backends())
 
 
-@pytest.mark.skipif(not aiter_loader.probe().installed, reason="amd-aiter is not installed")
+@pytest.mark.skipif(not aiter.probe().installed, reason="amd-aiter is not installed")
 def test_smoke_run_meets_every_prediction(device):
     df = aiter_dispatch_by_op(device=str(device), **SMOKE)
     assert list(df.columns[: len(COLUMNS)]) == COLUMNS and "predicted_variant" in df.columns
@@ -80,14 +80,14 @@ def test_smoke_run_meets_every_prediction(device):
     assert len(decode) == 2 * 2 * 2 and decode.covered.all() and (decode.status == "compared").all()
     assert set(decode.prediction) == set(OUTCOMES[:2])  # both outcomes occur, and no miss
     assert decode.within_tolerance.all()
-    assert (df.emulated_arch == aiter_loader.effective_arch(device)).all() and (df.arch == df.emulated_arch).all()
-    assert (df.num_cus == 1).all() and (df.aiter_route == aiter_loader.probe().route).all()
+    assert (df.emulated_arch == aiter.effective_arch(device)).all() and (df.arch == df.emulated_arch).all()
+    assert (df.num_cus == 1).all() and (df.aiter_route == aiter.probe().route).all()
     switched = decode[decode.prediction == "switch observed"]
     assert set(switched.target_len) == {1100} and (switched.n_diff > 0).all()
     pa = decode[(decode.backend == "aiter-triton-pa") & (decode.target_len == 1100)]
     assert pa.set_index("batch_size").predicted_variant.to_dict() == {2: "v2", 17: "v1"}
     mha = df[df.backend == "aiter-triton-mha"]
-    ok, reason = aiter_loader.kernel_available("mha", device)
+    ok, reason = aiter.kernel_available("mha", device)
     assert mha.covered.all() if ok else (~mha.covered.astype(bool)).all() and (mha.reason.str.contains("aiter")).all()
 
     s = summarize(df).set_index("backend")

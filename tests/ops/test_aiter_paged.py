@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdn_lab import aiter_loader, routing
+from gdn_lab import aiter, routing
 from gdn_lab.ops import aiter_paged, spec
 from gdn_lab.ops.paged_kv import gather_request
 from gdn_lab.rules import aiter_pa_decode, aiter_unified_attention
@@ -22,7 +22,7 @@ exact_decode_attention = decode.exact
 FP16 = decode.tolerance("out", torch.float16, "exact")
 
 pytestmark = pytest.mark.skipif(
-    not aiter_loader.probe().installed, reason="amd-aiter is not installed (pip install 'gdn_lab[aiter-triton]')"
+    not aiter.probe().installed, reason="amd-aiter is not installed (pip install 'gdn_lab[aiter-triton]')"
 )
 
 DECODE = decode.name
@@ -126,7 +126,7 @@ def test_matches_the_exact_softmax(attention_args, device, backend, page_size):
     args = attention_args(
         DECODE, reqs, (4, 2, 32), page_size=page_size, dtype=torch.float16, placement_seed=2, device=device
     )
-    with aiter_loader.emulate(num_cus=1):  # a small CU count keeps unified's 3D split cheap under the interpreter
+    with aiter.emulate(num_cus=1):  # a small CU count keeps unified's 3D split cheap under the interpreter
         out = run(backend, args)
     assert out.dtype == torch.float16 and within_fp16_tolerance(out, exact_decode_attention(args))
 
@@ -140,7 +140,7 @@ def test_fp8_cache_of_the_emulated_arch(attention_args, device, backend, arch, k
         pytest.skip("NVIDIA GPUs have no e4m3fnuz")
     reqs = [(700, 1), (30, 2)]
     args = attention_args(DECODE, reqs, (4, 2, 32), page_size=16, dtype=torch.float16, kv_dtype=kv_dtype, device=device)
-    with aiter_loader.emulate(arch, num_cus=1):
+    with aiter.emulate(arch, num_cus=1):
         out = run(backend, args)
     assert within_fp16_tolerance(out, exact_decode_attention(args))
 
@@ -175,7 +175,7 @@ def test_pa_v1_v2_switch_shows_in_the_bits(attention_args, device):
 def test_unified_2d_3d_switch_shows_in_the_bits(attention_args, device):
     heads = (4, 2, 16)  # BLOCK_Q = 8: num_2d_prgms = (B // 8 + B) * 2 against 4 x num_cus
     target, mate = (600, 1), (5, 9)
-    with aiter_loader.emulate(num_cus=1):
+    with aiter.emulate(num_cus=1):
         alone, a_alone = target_out(UNIFIED, attention_args, [target], heads, device, 1)
         three, a_three = target_out(UNIFIED, attention_args, [target, mate, mate], heads, device, 2)
         four, a_four = target_out(UNIFIED, attention_args, [target, mate, mate, mate], heads, device, 3)
@@ -189,7 +189,7 @@ def test_unified_2d_3d_switch_shows_in_the_bits(attention_args, device):
 
 
 def test_mha_matches_the_reference_where_it_imports(attention_args, device):
-    ok, reason = aiter_loader.kernel_available("mha", device)
+    ok, reason = aiter.kernel_available("mha", device)
     if not ok:
         pytest.skip(f"aiter-triton-mha is unavailable here: {reason}")
     dtype = torch.float16

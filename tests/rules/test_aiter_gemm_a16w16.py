@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gdn_lab import aiter_loader
+from gdn_lab import aiter
 from gdn_lab.ops import spec
 from gdn_lab.rules import aiter_gemm_a16w16 as gemm
 from gdn_lab.rules.base import RuleEnv
@@ -23,7 +23,7 @@ from gdn_lab.rules.base import RuleEnv
 matmul_op = spec.get("matmul")
 
 _SPEC = importlib.util.find_spec("aiter")
-pytestmark = pytest.mark.skipif(_SPEC is None, reason=f"aiter is not installed ({aiter_loader.INSTALL_HINT})")
+pytestmark = pytest.mark.skipif(_SPEC is None, reason=f"aiter is not installed ({aiter.INSTALL_HINT})")
 BOUNDS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 MI350 = RuleEnv("gfx950", 256)
 
@@ -215,18 +215,18 @@ def test_rule_on_validated_calls():
 
 
 def test_missing_aiter_names_the_install_hint(monkeypatch):
-    missing = aiter_loader.Probe(False, None, None, None, "aiter is not installed")
-    monkeypatch.setattr(aiter_loader, "probe", lambda: missing)
+    missing = aiter.Probe(False, None, None, None, "aiter is not installed")
+    monkeypatch.setattr(aiter, "probe", lambda: missing)
     with pytest.raises(ImportError, match="aiter-triton"):
         gemm.get_config(1, 4096, 4096, "gfx950")
     with pytest.raises(ImportError) as info:
         gemm.config_file("gfx942", 1, 1)
-    assert aiter_loader.INSTALL_HINT in str(info.value)
+    assert aiter.INSTALL_HINT in str(info.value)
 
 
 def test_aiter_without_tables(monkeypatch, tmp_path):
-    bare = aiter_loader.Probe(True, "9.9", str(tmp_path), "init-bypass", "")
-    monkeypatch.setattr(aiter_loader, "probe", lambda: bare)
+    bare = aiter.Probe(True, "9.9", str(tmp_path), "init-bypass", "")
+    monkeypatch.setattr(aiter, "probe", lambda: bare)
     with pytest.raises(ImportError, match="configs/gemm"):
         gemm.get_config(1, 4096, 4096, "gfx950")
 

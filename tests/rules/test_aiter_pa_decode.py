@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from gdn_lab import aiter_loader
+from gdn_lab import aiter
 from gdn_lab.rules.aiter_pa_decode import RULE, numerics_key, predict
 
 
@@ -42,10 +42,10 @@ def test_bad_input_names_the_parameter():
         predict(1, 4, 0)
 
 
-@pytest.mark.skipif(not aiter_loader.probe().installed, reason="amd-aiter is not installed")
+@pytest.mark.skipif(not aiter.probe().installed, reason="amd-aiter is not installed")
 def test_rule_matches_the_wheel(monkeypatch):
     """The wheel's paged_attention_decode, with its two launchers replaced by spies, picks what we predict."""
-    module = aiter_loader.load("pa_decode")
+    module = aiter.load("pa_decode")
     assert RULE.partition_size == module._SEQ_PARTITION_SIZE
     chosen = []
     monkeypatch.setattr(module, "paged_attn_decode_v1", lambda *a, **k: chosen.append("v1"))

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from gdn_lab import aiter_loader
+from gdn_lab import aiter
 from gdn_lab.rules.aiter_unified_attention import expect, numerics_key, predict, tiles_per_segment
 
 
@@ -47,10 +47,10 @@ def test_numerics_key_is_the_requests_segmentation():
     assert expect("3d:1seg", "3d:1seg") == "equal"
 
 
-@pytest.mark.skipif(not aiter_loader.probe().installed, reason="amd-aiter is not installed")
+@pytest.mark.skipif(not aiter.probe().installed, reason="amd-aiter is not installed")
 def test_rule_matches_the_wheel(monkeypatch):
     """The wheel's unified_attention, with its kernels replaced by spies, launches what we predict."""
-    module = aiter_loader.load("unified_attention")
+    module = aiter.load("unified_attention")
     launched = []
 
     class Spy:

@@ -8,12 +8,12 @@ import importlib.util
 
 import pytest
 
-from gdn_lab import aiter_loader
+from gdn_lab import aiter
 from gdn_lab.rules import batch_variance_map as bvm
 from gdn_lab.rules import flydsl_gdr_decode
 
 HAS_AITER = importlib.util.find_spec("aiter") is not None
-needs_aiter = pytest.mark.skipif(not HAS_AITER, reason=f"aiter is not installed ({aiter_loader.INSTALL_HINT})")
+needs_aiter = pytest.mark.skipif(not HAS_AITER, reason=f"aiter is not installed ({aiter.INSTALL_HINT})")
 
 
 def _map(model, tp, arch, **kw):
@@ -192,8 +192,8 @@ def test_gemm_rows():
 
 
 def test_missing_aiter_says_how_to_skip_gemm(monkeypatch):
-    missing = aiter_loader.Probe(False, None, None, None, "aiter is not installed")
-    monkeypatch.setattr(aiter_loader, "probe", lambda: missing)
+    missing = aiter.Probe(False, None, None, None, "aiter is not installed")
+    monkeypatch.setattr(aiter, "probe", lambda: missing)
     with pytest.raises(ImportError, match="include_gemm=False"):
         bvm.batch_variance_map("Qwen3-8B", 1, "gfx950", include_gemm=True)
     assert len(bvm.batch_variance_map("Qwen3-8B", 1, "gfx950", include_gemm=False)) == 4

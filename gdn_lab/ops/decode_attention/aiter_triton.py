@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from gdn_lab import aiter_loader
+from gdn_lab import aiter
 from gdn_lab.ops.aiter_paged import (
     available,
     block_table,
@@ -32,11 +32,11 @@ def decode_attention_aiter_pa(
     q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale
 ) -> torch.Tensor:
     """decode_attention through AITER's Triton `paged_attention_decode` (V1 or V2, as its rule picks)."""
-    arch, cus = aiter_loader.effective_arch(q.device), aiter_loader.effective_num_cus(q.device)
-    module = aiter_loader.load("pa_decode", arch)
+    arch, cus = aiter.effective_arch(q.device), aiter.effective_num_cus(q.device)
+    module = aiter.load("pa_decode", arch)
     out = torch.empty_like(q)
     one = torch.ones(1, dtype=torch.float32, device=q.device)
-    with aiter_loader.shims(arch, cus):
+    with aiter.shims(arch, cus):
         module.paged_attention_decode(
             out,
             q,
@@ -57,10 +57,10 @@ def decode_attention_aiter_unified(
     q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale
 ) -> torch.Tensor:
     """decode_attention through AITER's Triton `unified_attention` (2D or 3D, as its rule picks)."""
-    arch, cus = aiter_loader.effective_arch(q.device), aiter_loader.effective_num_cus(q.device)
-    module = aiter_loader.load("unified_attention", arch)
+    arch, cus = aiter.effective_arch(q.device), aiter.effective_num_cus(q.device)
+    module = aiter.load("unified_attention", arch)
     out = torch.empty_like(q)
-    with aiter_loader.shims(arch, cus):
+    with aiter.shims(arch, cus):
         module.unified_attention(
             q=q,
             k=zero_unused_slots(k_cache, kv_indptr, kv_indices, seq_lens),

@@ -1,8 +1,9 @@
 """gdn_decode's Triton backends: `triton` and its batch-variant control `triton-ksplit-by-batch`.
 
 Light on purpose: the kernel module (triton_kernels, which imports triton) loads on the first run.
-The availability probe is cached per TRITON_INTERPRET value and coverage reads only tensor
-attributes, so routing a decode step costs microseconds (the eager decode path is latency-bound).
+The availability probe (`triton_support.triton_available`, i.e. `device.triton_mode`) is cached per
+TRITON_INTERPRET value, and coverage reads only tensor attributes and the cached mode, so routing a
+decode step costs microseconds (the eager decode path is latency-bound).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from functools import cache
 from typing import Any
 
 from gdn_lab.ops.gdn_decode import OP
-from gdn_lab.ops.triton_support import interpreting, triton_available
+from gdn_lab.ops.triton_support import interpreting, triton_available, triton_device
 from gdn_lab.routing import LIBRARY_TRITON, PRIORITY_TRITON, Backend, Check, lazy, register
 
 KERNELS = "gdn_lab.ops.gdn_decode.triton_kernels"
@@ -32,8 +33,9 @@ def available() -> Check:
 def covered(args: Mapping[str, Any]) -> Check:
     """Tensors on a GPU (or on the CPU under the interpreter), a contiguous state, K <= 256."""
     q, state = args["q"], args["state"]
-    if q.device.type == "cpu" and not interpreting():
-        return False, "tensors on the CPU and TRITON_INTERPRET is not set"
+    ok, where = triton_device(args, "q")
+    if not ok:
+        return False, where
     if not state.is_contiguous():
         return False, "state must be contiguous (the kernel updates it in place by offset)"
     if q.shape[2] > MAX_HEAD_K_DIM:

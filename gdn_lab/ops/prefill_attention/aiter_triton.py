@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from gdn_lab import aiter_loader
+from gdn_lab import aiter
 from gdn_lab.ops.aiter_paged import available, covered_mha, cu_seqlens, emulated_arch, gather_contiguous
 from gdn_lab.ops.prefill_attention import OP
 from gdn_lab.routing import LIBRARY_AITER_TRITON, PRIORITY_AMD, Backend, register
@@ -20,10 +20,10 @@ def prefill_attention_aiter_mha(
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, seq_lens, page_size, causal, scale, k_scale, v_scale
 ) -> torch.Tensor:
     """prefill_attention through AITER's Triton `flash_attn_varlen_func` (forward only)."""
-    arch, cus = aiter_loader.effective_arch(q.device), aiter_loader.effective_num_cus(q.device)
-    module = aiter_loader.load("mha", arch)
+    arch, cus = aiter.effective_arch(q.device), aiter.effective_num_cus(q.device)
+    module = aiter.load("mha", arch)
     new_tokens = qo_indptr[1:] - qo_indptr[:-1]
-    with aiter_loader.shims(arch, cus), torch.no_grad():
+    with aiter.shims(arch, cus), torch.no_grad():
         return module.flash_attn_varlen_func(
             q,
             gather_contiguous(k_cache, kv_indptr, kv_indices, seq_lens),

@@ -1,4 +1,4 @@
-"""The trimmed amd-aiter wheel keeps the `aiter` package byte for byte, drops the rest, and says so."""
+"""gdn_lab.aiter.wheel: the trimmed amd-aiter wheel keeps the `aiter` package byte for byte, drops the rest, and says so."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from gdn_lab.aiter_wheel import main, trim_wheel
+from gdn_lab.aiter.wheel import main, trim_wheel
 
 INFO = "amd_aiter-0.1.7.post2.dev18.dist-info"
 FILES = {
@@ -64,3 +64,17 @@ def test_cli_and_bad_input(wheel, tmp_path, capsys):
         z.writestr("a.py", b"")
     with pytest.raises(ValueError, match="dist-info"):
         trim_wheel(not_a_wheel, tmp_path / "bad")
+
+
+def test_runs_as_a_module(wheel, tmp_path):
+    """`python -m gdn_lab.aiter.wheel` works, and the package init does not import it first (runpy warns then)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "gdn_lab.aiter.wheel", str(wheel), str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "+trimmed" in done.stdout and "python -m gdn_lab.aiter.wheel" not in done.stderr

@@ -8,7 +8,7 @@ with their hashes, and marks itself with the local version label `+trimmed`, so 
 aiter version says which wheel ran.
 
 Usage:
-    python -m gdn_lab.aiter_wheel .whl/amd_aiter-0.1.7.post2.dev18-py3-none-any.whl .whl-aiter/
+    python -m gdn_lab.aiter.wheel .whl/amd_aiter-0.1.7.post2.dev18-py3-none-any.whl .whl-aiter/
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def trim_wheel(src: str | Path, out_dir: str | Path, keep: Sequence[str] = KEEP,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gdn_lab.aiter_wheel", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gdn_lab.aiter.wheel", description=__doc__.split("\n\n")[0])
     parser.add_argument("wheel", help="the amd-aiter wheel (pip download --no-deps amd-aiter==0.1.7.post2.dev18)")
     parser.add_argument("out_dir", help="where to write the trimmed wheel")
     args = parser.parse_args(argv)
