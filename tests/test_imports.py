@@ -62,6 +62,9 @@ LAYERS: dict[str, int] = {
     "gdn_lab.testing": 5,
     "gdn_lab.environment": 5,
     "gdn_lab.report": 6,
+    # the regression gate runs the experiments and writes its files with the report's atomic
+    # writer; report.compare reads its fingerprints (same layer)
+    "gdn_lab.gate": 6,
     "gdn_lab.cli": 7,
 }
 

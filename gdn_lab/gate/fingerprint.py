@@ -28,8 +28,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from gdn_lab import aiter_loader, routing
-from gdn_lab.device import fingerprint as device_fingerprint
+from gdn_lab import aiter, routing
+from gdn_lab.environment import fingerprint as environment_fingerprint
 from gdn_lab.experiments import batch_invariance
 from gdn_lab.experiments.aiter_dispatch import RulePredictions
 from gdn_lab.experiments.config import ExperimentConfig, check
@@ -82,12 +82,12 @@ class GateConfig(ExperimentConfig):
     """
 
     cases: tuple[dict[str, Any], ...] = field(default=(), metadata=check(_cases_check, "the gate's cases"))
-    arch: str = aiter_loader.DEFAULT_ARCH
+    arch: str = aiter.DEFAULT_ARCH
     num_cus: int | None = None
 
     def validate(self) -> None:
         super().validate()
-        aiter_loader.Emulation(self.arch, self.num_cus)
+        aiter.Emulation(self.arch, self.num_cus)
         self.configs()
 
     def configs(self, only: Sequence[str] | None = None) -> list[batch_invariance.InvarianceConfig]:
@@ -116,7 +116,7 @@ def cpu_capability() -> str | None:
 
 def environment(device: torch.device) -> dict[str, Any]:
     """The fingerprint's environment: the device fingerprint plus what decides CPU numerics."""
-    env = dict(device_fingerprint(device))
+    env = dict(environment_fingerprint(device))
     env["cpu_capability"] = cpu_capability()
     env["cpu_model"] = _cpu_model()
     return env
@@ -179,8 +179,8 @@ def fingerprint(
         )
     started = datetime.now(timezone.utc)
     cases = []
-    with aiter_loader.emulate(cfg.arch, cfg.num_cus):
-        env = RuleEnv(aiter_loader.effective_arch(cfg.torch_device), aiter_loader.effective_num_cus(cfg.torch_device))
+    with aiter.emulate(cfg.arch, cfg.num_cus):
+        env = RuleEnv(aiter.effective_arch(cfg.torch_device), aiter.effective_num_cus(cfg.torch_device))
         metrics = Combined(Hashes(), RulePredictions(env, closeness=False))
         for c in configs:
             cases += _records(batch_invariance.run(c, progress=progress, metrics=metrics))
