@@ -174,10 +174,11 @@ def build_paged_kv(
 def random_kv(
     seq_len: int, num_kv_heads: int, head_dim: int, *, dtype: torch.dtype, device, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One request's K and V, [seq_len, Hkv, D], standard normal, from its own seed."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    k = torch.randn(seq_len, num_kv_heads, head_dim, generator=g).to(device=device, dtype=dtype)
-    v = torch.randn(seq_len, num_kv_heads, head_dim, generator=g).to(device=device, dtype=dtype)
+    """One request's K and V, [seq_len, Hkv, D], standard normal, from its own seed, drawn on `device`
+    (a GPU's generator draws other values than the CPU's, without a host round trip)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    k = torch.randn(seq_len, num_kv_heads, head_dim, generator=g, device=device).to(dtype=dtype)
+    v = torch.randn(seq_len, num_kv_heads, head_dim, generator=g, device=device).to(dtype=dtype)
     return k, v
 
 
@@ -209,8 +210,8 @@ def gdn_state_pool(
     shape = (num_slots, num_v_heads, head_v_dim, head_k_dim)
     if seed is None:
         return torch.zeros(shape, dtype=torch.float32, device=device)
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    return (0.1 * torch.randn(shape, generator=g)).to(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    return 0.1 * torch.randn(shape, generator=g, device=device)
 
 
 def conv_state_pool(
@@ -226,5 +227,5 @@ def conv_state_pool(
     shape = (num_slots, conv_dim, width - 1)
     if seed is None:
         return torch.zeros(shape, dtype=dtype, device=device)
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    return torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(shape, generator=g, device=device).to(dtype=dtype)

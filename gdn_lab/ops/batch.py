@@ -170,10 +170,12 @@ class BuildOptions:
     fp8_dtype: torch.dtype | None = None
 
 
-def randn(seed: int, stream: str, *shape: int, scale: float = 1.0) -> torch.Tensor:
-    """Standard normal float32 on the CPU from (seed, stream): one request's tensors never share a stream."""
-    g = torch.Generator().manual_seed(derive_seed(seed, stream))
-    return scale * torch.randn(*shape, generator=g)
+def randn(seed: int, stream: str, *shape: int, scale: float = 1.0, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Standard normal float32 from (seed, stream), drawn on `device` (one request's tensors never
+    share a stream). The same seed gives the same values on every machine of one device type; a
+    GPU's generator draws other values than the CPU's, and draws them without a host round trip."""
+    g = torch.Generator(device=device).manual_seed(derive_seed(seed, stream))
+    return scale * torch.randn(*shape, generator=g, device=device)
 
 
 def cu_seqlens(lengths: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -215,17 +217,18 @@ def paged_kv(batch: Batch, shape: AttentionShape, opts: BuildOptions) -> PagedKV
 def queries(batch: Batch, shape: AttentionShape, opts: BuildOptions, decode: bool) -> torch.Tensor:
     """Token-packed queries [sum of query tokens (decode: B), Hq, D] from each request's seed."""
     rows = [
-        randn(r.seed, "q", 1 if decode else r.query_tokens, shape.num_q_heads, shape.head_dim) for r in batch.requests
+        randn(r.seed, "q", 1 if decode else r.query_tokens, shape.num_q_heads, shape.head_dim, device=opts.device)
+        for r in batch.requests
     ]
-    return torch.cat(rows).to(device=opts.device, dtype=opts.dtype)
+    return torch.cat(rows).to(dtype=opts.dtype)
 
 
 def gate_params(shape: GDNShape, opts: BuildOptions) -> tuple[torch.Tensor, torch.Tensor]:
     """A_log and dt_bias [HV], shared by every request of the op."""
     hv = shape.num_v_heads
-    a_log = randn(opts.weights_seed, "A_log", hv, scale=0.5)
-    dt_bias = randn(opts.weights_seed, "dt_bias", hv, scale=0.5)
-    return a_log.to(opts.device), dt_bias.to(opts.device)
+    a_log = randn(opts.weights_seed, "A_log", hv, scale=0.5, device=opts.device)
+    dt_bias = randn(opts.weights_seed, "dt_bias", hv, scale=0.5, device=opts.device)
+    return a_log, dt_bias
 
 
 def state_pool(batch: Batch, shape: GDNShape, opts: BuildOptions) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,19 +249,21 @@ def gdn_tokens(batch: Batch, shape: GDNShape, opts: BuildOptions, decode: bool) 
         n = 1 if decode else r.length
         per_request.append(
             [
-                randn(r.seed, "q", n, hk, d),
-                randn(r.seed, "k", n, hk, d),
-                randn(r.seed, "v", n, hv, d),
-                randn(r.seed, "a", n, hv),
-                randn(r.seed, "b", n, hv),
+                randn(r.seed, "q", n, hk, d, device=opts.device),
+                randn(r.seed, "k", n, hk, d, device=opts.device),
+                randn(r.seed, "v", n, hv, d, device=opts.device),
+                randn(r.seed, "a", n, hv, device=opts.device),
+                randn(r.seed, "b", n, hv, device=opts.device),
             ]
         )
-    return [torch.cat(parts).to(device=opts.device, dtype=opts.dtype) for parts in zip(*per_request)]
+    return [torch.cat(parts).to(dtype=opts.dtype) for parts in zip(*per_request)]
 
 
 def rows(batch: Batch, opts: BuildOptions, stream: str, width: int) -> torch.Tensor:
     """Token-packed rows [sum of lengths, width] from each request's seed."""
-    return torch.cat([randn(r.seed, stream, r.length, width) for r in batch.requests]).to(opts.device, opts.dtype)
+    return torch.cat([randn(r.seed, stream, r.length, width, device=opts.device) for r in batch.requests]).to(
+        opts.dtype
+    )
 
 
 def request_rows(batch: Batch, request: int) -> slice:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gdn_lab import aiter
-from gdn_lab.rules.aiter_pa_decode import RULE, numerics_key, predict
+from gdn_lab.rules.aiter_pa_decode import RULE, expect, numerics_key, predict
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,22 @@ def test_numerics_key_separates_partitioned_requests_only():
     v2 = predict(2, 4, 3000)
     assert v2.variant == "v2"
     assert numerics_key(v2, 1024) == numerics_key(predict(1, 4, 1024), 1024) == "single pass"
-    assert numerics_key(v2, 1025) == "partitioned" != numerics_key(predict(200, 4, 3000), 1025)
+    assert numerics_key(v2, 1025) == "partitioned:reduce4" != numerics_key(predict(200, 4, 3000), 1025)
+
+
+@pytest.mark.parametrize(
+    "max_seq_len, width",
+    [(1025, 2), (2048, 2), (2049, 4), (4096, 4), (4097, 8), (8192, 8), (8193, 16), (16383, 16), (16385, 32)],
+)
+def test_the_reduce_width_is_the_batchs_padded_partition_count(max_seq_len, width):
+    assert predict(1, 4, max_seq_len).reduce_width == width
+
+
+def test_expectations_between_launches():
+    alone, wide = numerics_key(predict(1, 4, 4000), 4000), numerics_key(predict(8, 4, 16383), 4000)
+    assert (alone, wide) == ("partitioned:reduce4", "partitioned:reduce16")
+    assert expect(alone, wide) == "rounding"  # the reduce's float32 association moves
+    assert expect(alone, "single pass") == "switch" and expect(alone, alone) == "equal"
 
 
 def test_bad_input_names_the_parameter():

@@ -100,10 +100,10 @@ def build(batch: Batch, shape: GDNShape, opts: BuildOptions) -> dict[str, Any]:
     state = torch.full((pool, c, w - 1), float("nan"), dtype=dtype, device=dev)
     for r, slot in zip(batch.requests, slots.tolist()):
         state[slot] = conv_state_pool(1, c, w, dtype=dtype, device=dev, seed=r.seed)[0]
-    x = torch.cat([randn(r.seed, "x", 1, c) for r in batch.requests]).to(device=dev, dtype=dtype)
+    x = torch.cat([randn(r.seed, "x", 1, c, device=dev) for r in batch.requests]).to(dtype=dtype)
     ws = opts.weights_seed
-    weight = randn(ws, "conv_weight", c, w, scale=0.5).to(device=dev, dtype=dtype)
-    bias = randn(ws, "conv_bias", c, scale=0.1).to(device=dev, dtype=dtype)
+    weight = randn(ws, "conv_weight", c, w, scale=0.5, device=dev).to(dtype=dtype)
+    bias = randn(ws, "conv_bias", c, scale=0.1, device=dev).to(dtype=dtype)
     return validate(x, state, weight, bias, slots)
 
 

@@ -207,25 +207,25 @@ def build(batch: Batch, shape: GDNShape, opts: BuildOptions) -> dict[str, Any]:
     """Validated arguments for a batch: projections per request, conv and delta states in shared shuffled slots."""
     hk, hv, d, w = shape.num_k_heads, shape.num_v_heads, shape.head_dim, shape.conv_width
     r_ratio, dev, dtype = hv // hk, opts.device, opts.dtype
-    qkvz = [randn(r.seed, "qkvz", r.length, hk * (2 * d + 2 * r_ratio * d)) for r in batch.requests]
-    ba = [randn(r.seed, "ba", r.length, 2 * hv) for r in batch.requests]
+    qkvz = [randn(r.seed, "qkvz", r.length, hk * (2 * d + 2 * r_ratio * d), device=dev) for r in batch.requests]
+    ba = [randn(r.seed, "ba", r.length, 2 * hv, device=dev) for r in batch.requests]
     delta_state, slots = state_pool(batch, shape, opts)
     conv_state = torch.full((delta_state.shape[0], shape.conv_dim, w - 1), float("nan"), dtype=dtype, device=dev)
     for r, slot in zip(batch.requests, slots.tolist()):
         conv_state[slot] = conv_state_pool(1, shape.conv_dim, w, dtype=dtype, device=dev, seed=r.seed)[0]
     ws = opts.weights_seed
     return validate(
-        torch.cat(qkvz).to(device=dev, dtype=dtype),
-        torch.cat(ba).to(device=dev, dtype=dtype),
+        torch.cat(qkvz).to(dtype=dtype),
+        torch.cat(ba).to(dtype=dtype),
         conv_state,
         delta_state,
         slots,
         cu_seqlens(batch.lengths, dev),
         torch.full((batch.size,), opts.initial_state, dtype=torch.bool, device=dev),
-        randn(ws, "conv_weight", shape.conv_dim, w, scale=0.5).to(device=dev, dtype=dtype),
-        randn(ws, "conv_bias", shape.conv_dim, scale=0.1).to(device=dev, dtype=dtype),
+        randn(ws, "conv_weight", shape.conv_dim, w, scale=0.5, device=dev).to(dtype=dtype),
+        randn(ws, "conv_bias", shape.conv_dim, scale=0.1, device=dev).to(dtype=dtype),
         *gate_params(shape, opts),
-        (1.0 + randn(ws, "norm_weight", d, scale=0.1)).to(device=dev, dtype=dtype),
+        (1.0 + randn(ws, "norm_weight", d, scale=0.1, device=dev)).to(dtype=dtype),
         num_k_heads=hk,
         num_v_heads=hv,
         head_dim=d,

@@ -72,8 +72,8 @@ def example(device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, Any]:
 
 def build(batch: Batch, shape: LinearShape, opts: BuildOptions) -> dict[str, Any]:
     """Validated arguments for a batch: each request's `length` token rows, one shared weight."""
-    w = randn(opts.weights_seed, "w", shape.hidden, shape.out_features, scale=shape.hidden**-0.5)
-    return validate(rows(batch, opts, "x", shape.hidden), w.to(opts.device, opts.dtype))
+    w = randn(opts.weights_seed, "w", shape.hidden, shape.out_features, scale=shape.hidden**-0.5, device=opts.device)
+    return validate(rows(batch, opts, "x", shape.hidden), w.to(opts.dtype))
 
 
 def view(batch: Batch, args: Mapping[str, Any], request: int) -> spec.View:

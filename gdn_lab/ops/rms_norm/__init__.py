@@ -76,8 +76,8 @@ def example(device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, Any]:
 
 def build(batch: Batch, shape: LinearShape, opts: BuildOptions) -> dict[str, Any]:
     """Validated arguments for a batch: each request's `length` token rows, one shared (zero-centred) weight."""
-    w = 1.0 + randn(opts.weights_seed, "norm_weight", shape.hidden, scale=0.1)
-    return validate(rows(batch, opts, "x", shape.hidden), w.to(opts.device, opts.dtype))
+    w = 1.0 + randn(opts.weights_seed, "norm_weight", shape.hidden, scale=0.1, device=opts.device)
+    return validate(rows(batch, opts, "x", shape.hidden), w.to(opts.dtype))
 
 
 def view(batch: Batch, args: Mapping[str, Any], request: int) -> spec.View:
