@@ -64,17 +64,16 @@ def main(argv: list[str] | None = None) -> int:
                 target = target_request(length, seed)
                 batch = make_batch(target, 2, seed=seed, position=0, max_len=1)  # a one-token batchmate
                 a = build("decode_attention", batch, shape, BuildOptions(dtype=dtype, device=device))
-                k, v = to_head_major(a["k_cache"]), to_head_major(a["v_cache"])
-                table = block_table(a["kv_indptr"], a["kv_indices"], 2)
                 one = torch.ones(1, dtype=torch.float32, device=device)
+                fixed = (
+                    a["q"], to_head_major(a["k_cache"]), to_head_major(a["v_cache"]), a["seq_lens"],
+                    block_table(a["kv_indptr"], a["kv_indices"], 2), a["scale"],
+                )  # fmt: skip
 
-                def launch(max_seq_len: int) -> torch.Tensor:
-                    out = torch.empty_like(a["q"])
+                def launch(max_seq_len: int, fixed=fixed, one=one) -> torch.Tensor:
+                    out = torch.empty_like(fixed[0])
                     with aiter.shims(arch, cus):
-                        module.paged_attention_decode(
-                            out, a["q"], k, v, a["seq_lens"], table, a["scale"], max_seq_len,
-                            compute_type(dtype), one, one,
-                        )  # fmt: skip
+                        module.paged_attention_decode(out, *fixed, max_seq_len, compute_type(dtype), one, one)
                     return out[0]
 
                 own = launch(length)
@@ -98,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         launches=("bitwise_equal", "size"), differ=("bitwise_equal", lambda s: int((~s.astype(bool)).sum()))
     )
     print(summary.to_string())
-    print(f"same width as the target's own: {int((~df[df.same_width].bitwise_equal.astype(bool)).sum())} of {int(df.same_width.sum())} differ")
+    print(
+        f"same width as the target's own: {int((~df[df.same_width].bitwise_equal.astype(bool)).sum())} of {int(df.same_width.sum())} differ"
+    )
     print(path)
     return 0
 
