@@ -12,6 +12,7 @@ import torch
 from gdn_lab.checks import FP8_DTYPES, dtype_name
 
 FP8_GROUP = 128  # values per scale of group-wise fp8 activations (block-FP8 projections)
+AMAX_FLOOR = 1e-12  # the least amax a scale is taken from, so that an all-zero tensor or group gets a scale > 0
 
 
 def fp8_max(dtype: torch.dtype) -> float:
@@ -34,7 +35,7 @@ def quantize_per_tensor(x: torch.Tensor, dtype: torch.dtype, scale: float | torc
     """
     fmax = fp8_max(dtype)
     if scale is None:
-        s = (x.float().abs().amax().clamp(min=1e-12) / fmax).reshape(1)
+        s = (x.float().abs().amax().clamp(min=AMAX_FLOOR) / fmax).reshape(1)
     else:
         s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(1)
         if not bool((s > 0).all()):
@@ -59,7 +60,7 @@ def quantize_groups(x: torch.Tensor, dtype: torch.dtype, group: int = FP8_GROUP)
         raise ValueError(f"x: last dim (={n}) must be divisible by group (={group})")
     fmax = fp8_max(dtype)
     xg = x.float().reshape(*x.shape[:-1], n // group, group)
-    scales = xg.abs().amax(-1).clamp(min=1e-12) / fmax
+    scales = xg.abs().amax(-1).clamp(min=AMAX_FLOOR) / fmax
     xq = (xg / scales[..., None]).clamp(-fmax, fmax).to(dtype)
     return xq.reshape(x.shape), scales
 

@@ -23,13 +23,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-CHUNK_SIZE = 64
-L2NORM_EPS = 1e-6
+# Shared with our Triton kernels (gdn_decode, gdn_prefill, the fused gdn_layer_prefill), which
+# import them from here: the kernels compute what this reference computes.
+CHUNK_SIZE = 64  # the chunked form's chunk, and the batch-invariant kernels' (as fla's chunk_gated_delta_rule)
+L2NORM_EPS = 1e-6  # l2norm's epsilon
+SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above it: torch's default, as fla, FlyDSL and AITER use
 
 
 def gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
     """(g, beta) in float32 from the raw gate projections [..., HV]."""
-    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), threshold=SOFTPLUS_THRESHOLD)
     return g, torch.sigmoid(b.float())
 
 

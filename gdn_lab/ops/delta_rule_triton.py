@@ -1,31 +1,36 @@
-"""The chunked gated delta rule in Triton, batch-invariant by construction (gdn_prefill, and the fused layer).
+"""The chunked gated delta rule in Triton, batch-invariant by construction: gdn_prefill's kernels,
+and the @triton.jit pieces that gdn_layer_prefill's fused kernels are built from too.
 
 Three launches split the work as fla's chunk_gated_delta_rule and AITER's fused prefill do, so
 that only the state recurrence walks a sequence serially:
 
-1. `_prepare_kernel`, one program per (chunk, value head), all chunks at once: the inputs (plain
-   q/k/v, or the fused layer's causal conv1d of the interleaved projection + SiLU), the L2 norm,
-   the gates, the chunk's cumulative log decay G, A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)),
-   T = (I + A)^-1 by forward substitution, w = T (beta exp(G) k) and u = T (beta v), into fp32
-   scratch.
+1. `_prepare_kernel`, one program per (chunk, value head), all chunks at once: the L2 norm of q
+   and k, the gates (`chunk_gates`), the chunk's cumulative log decay G,
+   A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 by forward substitution,
+   w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into fp32 scratch.
 2. `_state_kernel`, one program per (sequence, value head, V tile), chunk after chunk: it stores
    the state entering each chunk, turns u into v_new = u - w S (S as [K, V]), updates
    S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to the pool.
-3. `_output_kernel`, one program per (chunk, group of value heads): o = exp(G) (q S_c) +
-   (tril(q k^T exp(G_i - G_j))) v_new, then either the plain output or the fused layer's epilogue
-   (gated RMSNorm, group-128 fp8, conv state update).
+3. `_output_kernel`, one program per (chunk, value head): o = exp(G) (q S_c) +
+   (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
+
+The fused layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) launches the same state kernel
+(`run_state_kernel`) between its own prepare and output kernels, which call the same helpers
+with the layer's stages around them (conv1d of the interleaved projection, gated RMSNorm, fp8,
+conv state). Nothing here knows the layer.
 
 Why the bits cannot follow the batch: chunks start at each sequence's first token, a program reads
 only its own sequence, and the chunk size, tiles, num_warps and dot precision are fixed per shape
 and dtype, never per batch; there are no atomics and no reduction split across programs. The batch
-moves where a chunk's scratch lives, not what is computed. The controls
-(`*_by_batch` in the wrappers) change exactly one thing, the chunk size, following AITER's rule.
+moves where a chunk's scratch lives, not what is computed. The controls (`*_by_batch`) change
+exactly one thing, the chunk size, following AITER's rule.
 
 Numerics: everything is float32; dots take float32 operands ("ieee" for float32 inputs, TF32 for
-bf16/fp16 inputs on GPUs that have it). Values that must land on a narrower grid (the conv output
-in the fused layer, outputs, fp8) are rounded explicitly to nearest-even in float32 first
-(`_round_rne`), so the final cast is exact on every backend: Triton 3.9's interpreter truncates
-fp32 -> bf16 and drops the carry in fp32 -> fp8 (e.g. 31.86 -> 16 instead of 32).
+bf16/fp16 inputs on GPUs that have it: `dot_precision(..., float32_operands=True)`). Values that
+must land on a narrower grid (outputs; in the fused layer the conv output and fp8) are rounded
+explicitly to nearest-even in float32 first (`round_rne`), so the final cast is exact on every
+backend: Triton 3.9's interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8
+(e.g. 31.86 -> 16 instead of 32).
 """
 
 from __future__ import annotations
@@ -37,18 +42,13 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_lab.ops.triton_support import interpreting
-
-CHUNK_SIZE = 64  # the batch-invariant kernels' chunk, as fla's chunk_gated_delta_rule
-L2NORM_EPS = 1e-6
-SOFTPLUS_THRESHOLD = 20.0  # torch's softplus default, as fla and AITER use
-MAX_HEAD_DIM = 256  # the [K, V] state tile of the output kernel lives in registers
-FP8_GROUP = 128
+from gdn_lab.ops.delta_rule import CHUNK_SIZE, L2NORM_EPS, SOFTPLUS_THRESHOLD
+from gdn_lab.ops.triton_common import dot_precision
 
 
 @dataclass(frozen=True)
 class Grid:
-    """Where a dtype's values lie, for `_round_rne`: mantissa bits, smallest normal, subnormal rounder.
+    """Where a dtype's values lie, for `round_rne`: mantissa bits, smallest normal, subnormal rounder.
 
     Attributes:
         mant: explicit mantissa bits (23 for float32: no rounding).
@@ -72,21 +72,17 @@ def grid_of(dtype: torch.dtype) -> Grid:
     return Grid(mant, float(info.tiny), float(2.0 ** (emin - mant + 23)), float(info.max))
 
 
-def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
-    """'ieee' for float32 inputs (fp32 end to end); 'tf32' for half inputs where the GPU has TF32."""
-    if dtype == torch.float32 or device.type != "cuda" or interpreting():
-        return "ieee"
-    if torch.version.hip:
-        arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
-        return "tf32" if arch == "gfx942" else "ieee"  # Triton offers TF32 (xf32) on AMD only on gfx942
-    return "tf32"
+def grid_args(prefix: str, dtype: torch.dtype) -> dict[str, float | int]:
+    """`round_rne`'s constexpr arguments for dtype, as {prefix}_MANT, {prefix}_TINY, {prefix}_MAGIC."""
+    g = grid_of(dtype)
+    return {f"{prefix}_MANT": g.mant, f"{prefix}_TINY": g.tiny, f"{prefix}_MAGIC": g.magic}
 
 
-# --- device helpers ----------------------------------------------------------------------------
+# --- device helpers (shared with the fused layer's kernels) -------------------------------------
 
 
 @triton.jit
-def _round_rne(x, MANT: tl.constexpr, TINY: tl.constexpr, MAGIC: tl.constexpr):
+def round_rne(x, MANT: tl.constexpr, TINY: tl.constexpr, MAGIC: tl.constexpr):
     """x rounded to the nearest value with MANT mantissa bits (ties to even), still in float32."""
     if MANT < 23:
         SHIFT: tl.constexpr = 23 - MANT
@@ -102,7 +98,8 @@ def _round_rne(x, MANT: tl.constexpr, TINY: tl.constexpr, MAGIC: tl.constexpr):
 
 
 @triton.jit
-def _l2norm_rows(x, EPS: tl.constexpr):
+def l2norm_rows(x, EPS: tl.constexpr):
+    """Each row of x [BT, D] times rsqrt(sum(row^2) + EPS)."""
     return x * tl.math.rsqrt(tl.sum(x * x, 1) + EPS)[:, None]
 
 
@@ -122,112 +119,95 @@ def _unit_lower_inverse(A, BT: tl.constexpr):
 
 
 @triton.jit
-def _conv_silu(
-    qkvz,
-    conv_state,
-    conv_weight,
-    conv_bias,
-    bos,
-    p,
-    m_t,
-    state_base,
-    hist_len,
-    col,
-    ch,
-    ROW: tl.constexpr,
-    W: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BT: tl.constexpr,
-    D: tl.constexpr,
-):
-    """SiLU(causal depthwise conv) at sequence positions p [BT] for the channels ch [D] (qkvz columns col).
+def chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT: tl.constexpr):
+    """Chunk i_c, of sequence n: (bos, length, p_first, p, m_t, rows).
 
-    Tap w reads position p - (W - 1 - w). Before the sequence start it reads the slot's conv history
-    entry p + w where p + w < hist_len: the caller passes W - 1 for a sequence's first chunk when it
-    has an initial state, else 0. The history taps are added in a second pass that only such a
-    chunk runs, so the other chunks carry no history addressing (it cost registers and spills).
+    bos and length are the sequence's first token and token count; p [BT] the chunk's positions
+    in the sequence (from p_first); m_t = p < length; rows = bos + p, the token rows.
     """
-    acc = tl.zeros([BT, D], dtype=tl.float32)
-    for w in tl.static_range(W):
-        src = p - (W - 1 - w)
-        x = tl.load(qkvz + (bos + src)[:, None] * ROW + col[None, :], mask=(m_t & (src >= 0))[:, None], other=0.0)
-        acc += x.to(tl.float32) * tl.load(conv_weight + ch * W + w).to(tl.float32)[None, :]
-    if hist_len > 0:
-        for w in tl.static_range(W - 1):
-            hist = tl.load(
-                conv_state + state_base + ch[None, :] * (W - 1) + (p + w)[:, None],
-                mask=(m_t & (p + w < hist_len))[:, None],
-                other=0.0,
-            )
-            acc += hist.to(tl.float32) * tl.load(conv_weight + ch * W + w).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(conv_bias + ch).to(tl.float32)[None, :]
-    return acc * tl.sigmoid(acc)
+    bos = tl.load(cu_seqlens + n).to(tl.int64)
+    eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
+    p_first = (i_c - tl.load(chunk_cu + n)).to(tl.int64) * BT
+    p = p_first + tl.arange(0, BT)
+    length = eos - bos
+    return bos, length, p_first, p, p < length, bos + p
 
 
 @triton.jit
-def _conv_state_update(
-    qkvz, conv_state, bos, length, state_base, hist_len, col, ch, ROW: tl.constexpr, W: tl.constexpr, WP: tl.constexpr
-):
-    """The slot's new conv history: the last W - 1 inputs of [old history (or zeros) | sequence] (WP >= W - 1).
+def chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV: tl.constexpr, SOFTPLUS_T: tl.constexpr):
+    """(G, beta) [BT] of value head i_h from its raw gates b_a, b_b; stores G (the cumulative log decay).
 
-    hist_len is W - 1 when the old history counts (has_initial_state), else 0.
+    g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); rows past the sequence get g = 0
+    and beta = 0, so they change nothing.
     """
-    o_i = tl.arange(0, WP)
-    m_i = o_i < W - 1
-    src = length + o_i - (W - 1)  # sequence position of entry i; negative: an old history entry
-    x = tl.load(qkvz + (bos + src)[None, :] * ROW + col[:, None], mask=(m_i & (src >= 0))[None, :], other=0.0)
-    old = tl.load(
-        conv_state + state_base + ch[:, None] * (W - 1) + (o_i + length)[None, :],
-        mask=(m_i & (src < 0) & (o_i + length < hist_len))[None, :],
-        other=0.0,
-    )
-    new = tl.where((src >= 0)[None, :], x.to(tl.float32), old.to(tl.float32))
-    tl.debug_barrier()  # every lane has read the old history before any lane overwrites it
-    p_state = conv_state + state_base + ch[:, None] * (W - 1) + o_i[None, :]
-    tl.store(p_state, new.to(p_state.dtype.element_ty), mask=m_i[None, :])
+    x = b_a + tl.load(dt_bias + i_h).to(tl.float32)
+    softplus = tl.where(x > SOFTPLUS_T, x, tl.log(1.0 + tl.exp(x)))
+    b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus, 0.0)
+    b_beta = tl.where(m_t, tl.sigmoid(b_b), 0.0)
+    b_G = tl.cumsum(b_g, 0)
+    tl.store(gs + rows * HV + i_h, b_G, mask=m_t)
+    return b_G, b_beta
+
+
+@triton.jit
+def store_w(
+    b_k, b_beta, b_G, ws, rows, m_t, i_h, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr
+):
+    """T = (I + strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)))^-1; stores w = T (beta exp(G) k) and returns T."""
+    o_k = tl.arange(0, K)
+    o_t = tl.arange(0, BT)
+    strict = o_t[:, None] > o_t[None, :]
+    decay = tl.exp(tl.where(strict, b_G[:, None] - b_G[None, :], 0.0))
+    kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+    b_T = _unit_lower_inverse(tl.where(strict, b_beta[:, None] * kk * decay, 0.0), BT)
+    b_w = tl.dot(b_T, b_k * (b_beta * tl.exp(b_G))[:, None], input_precision=PREC)
+    tl.store(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], b_w, mask=m_t[:, None])
+    return b_T
+
+
+@triton.jit
+def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, HV: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr):
+    """Stores u = T (beta v)."""
+    o_v = tl.arange(0, V)
+    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PREC)
+    tl.store(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_u, mask=m_t[:, None])
+
+
+@triton.jit
+def chunk_output(
+    qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, V] float32 rows of chunk i_c.
+
+    Rows outside m_live, and every row of a padding sequence (live False), read zeros.
+    """
+    R: tl.constexpr = HV // HK
+    i_kh = i_h // R
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_v = tl.arange(0, V)
+    incl = o_t[:, None] >= o_t[None, :]
+    p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
+    b_q = tl.load(qs + p_qk, mask=m_live[:, None], other=0.0)
+    b_k = tl.load(ks + p_qk, mask=m_live[:, None], other=0.0)
+    b_G = tl.load(gs + rows * HV + i_h, mask=m_live, other=0.0)
+    b_vn = tl.load(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
+    b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
+    b_S = tl.where(live, b_S, 0.0)  # a padding sequence's chunk states were never written
+    b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+    # G_i - G_j <= 0 for i >= j inside the sequence; the minimum keeps rows past its end (G = 0) finite
+    b_A = tl.where(incl, b_A * tl.exp(tl.minimum(b_G[:, None] - b_G[None, :], 0.0)), 0.0)
+    return tl.dot(b_q, b_S, input_precision=PREC) * tl.exp(b_G)[:, None] + tl.dot(b_A, b_vn, input_precision=PREC)
+
+
+@triton.jit
+def _load_rows(x, rows, cols, m_t, ROW: tl.constexpr):
+    """x[rows][:, cols] of a row-major [T, ROW] input as float32 [BT, len(cols)]; rows outside m_t read 0."""
+    return tl.load(x + rows[:, None] * ROW + cols[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
 
 
 # --- kernels -----------------------------------------------------------------------------------
-
-
-@triton.jit
-def _input_tile(
-    x,
-    qkvz,
-    conv_state,
-    conv_weight,
-    conv_bias,
-    bos,
-    p,
-    m_t,
-    state_base,
-    hist_len,
-    x_col,
-    x_row: tl.constexpr,
-    col,
-    ch,
-    ROW: tl.constexpr,
-    W: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    FUSED: tl.constexpr,
-    BT: tl.constexpr,
-    D: tl.constexpr,
-    IO_MANT: tl.constexpr,
-    IO_TINY: tl.constexpr,
-    IO_MAGIC: tl.constexpr,
-):
-    """One [BT, D] float32 tile of q, k or v: columns x_col of the plain input x ([T, x_row]), or
-    (FUSED) the conv of the projection's columns col (conv channels ch), rounded to the input dtype."""
-    if FUSED:
-        t = _conv_silu(
-            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, col, ch, ROW, W, HAS_BIAS, BT, D,
-        )  # fmt: skip
-        # the unfused chain stores the conv output in the input dtype; so does this kernel (parity)
-        t = _round_rne(t, IO_MANT, IO_TINY, IO_MAGIC)
-    else:
-        t = tl.load(x + (bos + p)[:, None] * x_row + x_col[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
-    return t
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
@@ -237,12 +217,6 @@ def _prepare_kernel(
     v,
     a,
     b,
-    qkvz,
-    ba,
-    conv_state,
-    conv_weight,
-    conv_bias,
-    has_initial_state,
     A_log,
     dt_bias,
     cu_seqlens,
@@ -261,13 +235,9 @@ def _prepare_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
-    W: tl.constexpr,
-    FUSED: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
     L2NORM: tl.constexpr,
-    IO_MANT: tl.constexpr,
-    IO_TINY: tl.constexpr,
-    IO_MAGIC: tl.constexpr,
+    EPS: tl.constexpr,
+    SOFTPLUS_T: tl.constexpr,
     PREC: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
@@ -279,71 +249,27 @@ def _prepare_kernel(
         return
     R: tl.constexpr = HV // HK
     i_kh = i_h // R
-    bos = tl.load(cu_seqlens + n).to(tl.int64)
-    eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
-    p_first = (i_c - tl.load(chunk_cu + n)).to(tl.int64) * BT
-    p = p_first + tl.arange(0, BT)  # positions in the sequence
-    m_t = p < eos - bos
-    rows = bos + p
+    _, _, _, _, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     o_k = tl.arange(0, K)
     o_v = tl.arange(0, V)
-    # Qwen3-Next's interleaved projection: per key head [q | k | v (R heads) | z (R heads)]; the
-    # conv channels are [q of every key head | k | v of every value head]
-    ROW: tl.constexpr = HK * (2 * K + 2 * R * V)
-    base = i_kh * (2 * K + 2 * R * V)
-    if FUSED:
-        state_base = slot.to(tl.int64) * (2 * HK * K + HV * V) * (W - 1)
-        # the slot's conv history reaches only the first chunk (and a scalar boolean cannot mask a
-        # block in the interpreter: a history length stands in)
-        hist_len = tl.where(p_first == 0, tl.where(tl.load(has_initial_state + n) != 0, W - 1, 0), 0)
-        ba_col = i_kh * 2 * R + i_h % R  # per key head [b (R) | a (R)]
-        b_b = tl.load(ba + rows * (2 * HV) + ba_col, mask=m_t, other=0.0).to(tl.float32)
-        b_a = tl.load(ba + rows * (2 * HV) + ba_col + R, mask=m_t, other=0.0).to(tl.float32)
-    else:
-        state_base = 0
-        hist_len = 0
-        b_a = tl.load(a + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
-        b_b = tl.load(b + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
-    # gates; rows past the sequence get g = 0 and beta = 0, so they change nothing
-    x = b_a + tl.load(dt_bias + i_h).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-    b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus, 0.0)
-    b_beta = tl.where(m_t, tl.sigmoid(b_b), 0.0)
-    b_G = tl.cumsum(b_g, 0)
-    tl.store(gs + rows * HV + i_h, b_G, mask=m_t)
+    b_a = tl.load(a + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+    b_b = tl.load(b + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+    b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
 
     # tiles are made in the order they are consumed, so that few are alive at once
-    b_k = _input_tile(
-        k, qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, i_kh * K + o_k, HK * K,
-        base + K + o_k, HK * K + i_kh * K + o_k, ROW, W, HAS_BIAS, FUSED, BT, K, IO_MANT, IO_TINY, IO_MAGIC,
-    )  # fmt: skip
+    b_k = _load_rows(k, rows, i_kh * K + o_k, m_t, HK * K)
     if L2NORM:
-        b_k = _l2norm_rows(b_k, 1e-6)
+        b_k = l2norm_rows(b_k, EPS)
     if i_h % R == 0:  # one value head per key head writes the shared normalized q and k
         p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
         tl.store(ks + p_qk, b_k, mask=m_t[:, None])
-        b_q = _input_tile(
-            q, qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, i_kh * K + o_k, HK * K,
-            base + o_k, i_kh * K + o_k, ROW, W, HAS_BIAS, FUSED, BT, K, IO_MANT, IO_TINY, IO_MAGIC,
-        )  # fmt: skip
+        b_q = _load_rows(q, rows, i_kh * K + o_k, m_t, HK * K)
         if L2NORM:
-            b_q = _l2norm_rows(b_q, 1e-6)
+            b_q = l2norm_rows(b_q, EPS)
         tl.store(qs + p_qk, b_q * scale, mask=m_t[:, None])
-
-    o_t = tl.arange(0, BT)
-    strict = o_t[:, None] > o_t[None, :]
-    decay = tl.exp(tl.where(strict, b_G[:, None] - b_G[None, :], 0.0))
-    kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-    b_T = _unit_lower_inverse(tl.where(strict, b_beta[:, None] * kk * decay, 0.0), BT)
-    b_w = tl.dot(b_T, b_k * (b_beta * tl.exp(b_G))[:, None], input_precision=PREC)
-    tl.store(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], b_w, mask=m_t[:, None])
-    b_v = _input_tile(
-        v, qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, i_h * V + o_v, HV * V,
-        base + 2 * K + (i_h % R) * V + o_v, 2 * HK * K + i_h * V + o_v, ROW, W, HAS_BIAS, FUSED, BT, V,
-        IO_MANT, IO_TINY, IO_MAGIC,
-    )  # fmt: skip
-    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PREC)
-    tl.store(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_u, mask=m_t[:, None])
+    b_T = store_w(b_k, b_beta, b_G, ws, rows, m_t, i_h, HV, K, BT, PREC)
+    b_v = _load_rows(v, rows, i_h * V + o_v, m_t, HV * V)
+    store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, HV, V, PREC)
 
 
 @triton.jit
@@ -410,107 +336,28 @@ def _output_kernel(
     chunk_cu,
     cu_seqlens,
     slots,
-    qkvz,
-    norm_weight,
-    conv_state,
-    has_initial_state,
-    quantized,
-    scales,
-    eps,
     N,
     HK: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
-    HPG: tl.constexpr,
-    W: tl.constexpr,
-    WP: tl.constexpr,
-    FUSED: tl.constexpr,
-    QUANT: tl.constexpr,
     IO_MANT: tl.constexpr,
     IO_TINY: tl.constexpr,
     IO_MAGIC: tl.constexpr,
-    F8_MANT: tl.constexpr,
-    F8_TINY: tl.constexpr,
-    F8_MAGIC: tl.constexpr,
-    F8_MAX: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    i_c, i_g = tl.program_id(0), tl.program_id(1)
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
     n = tl.load(chunk_seq + i_c)
     if n >= N:
         return
-    slot = tl.load(slots + n)
-    live = slot >= 0  # padding rows get zeros
-    R: tl.constexpr = HV // HK
-    bos = tl.load(cu_seqlens + n).to(tl.int64)
-    length = tl.load(cu_seqlens + n + 1).to(tl.int64) - bos
-    p = (i_c - tl.load(chunk_cu + n)).to(tl.int64) * BT + tl.arange(0, BT)
-    m_t = p < length
+    live = tl.load(slots + n) >= 0  # padding rows get zeros
+    _, length, _, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     m_live = p < tl.where(live, length, 0)  # (a scalar boolean cannot mask a block in the interpreter)
-    rows = bos + p
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, K)
     o_v = tl.arange(0, V)
-    incl = o_t[:, None] >= o_t[None, :]
-    for i_hh in tl.static_range(HPG):
-        i_h = i_g * HPG + i_hh
-        i_kh = i_h // R
-        p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
-        b_q = tl.load(qs + p_qk, mask=m_live[:, None], other=0.0)
-        b_k = tl.load(ks + p_qk, mask=m_live[:, None], other=0.0)
-        b_G = tl.load(gs + rows * HV + i_h, mask=m_live, other=0.0)
-        b_vn = tl.load(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
-        b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
-        b_S = tl.where(live, b_S, 0.0)  # a padding sequence's chunk states were never written
-        b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
-        # G_i - G_j <= 0 for i >= j inside the sequence; the minimum keeps rows past its end (G = 0) finite
-        b_A = tl.where(incl, b_A * tl.exp(tl.minimum(b_G[:, None] - b_G[None, :], 0.0)), 0.0)
-        b_o = tl.dot(b_q, b_S, input_precision=PREC) * tl.exp(b_G)[:, None] + tl.dot(b_A, b_vn, input_precision=PREC)
-        if FUSED:
-            ROW: tl.constexpr = HK * (2 * K + 2 * R * V)
-            base = i_kh * (2 * K + 2 * R * V)
-            z_col = base + 2 * K + R * V + (i_h % R) * V + o_v
-            b_z = tl.load(qkvz + rows[:, None] * ROW + z_col[None, :], mask=m_live[:, None], other=0.0).to(tl.float32)
-            rstd = tl.math.rsqrt(tl.sum(b_o * b_o, 1) / V + eps)
-            b_o = tl.load(norm_weight + o_v).to(tl.float32)[None, :] * (b_o * rstd[:, None]) * (b_z * tl.sigmoid(b_z))
-            if tl.where(live, i_c, -1) == tl.load(chunk_cu + n + 1) - 1:  # a live sequence's last chunk
-                CONV_DIM: tl.constexpr = 2 * HK * K + HV * V
-                state_base = slot.to(tl.int64) * CONV_DIM * (W - 1)
-                hist_len = tl.where(tl.load(has_initial_state + n) != 0, W - 1, 0)
-                _conv_state_update(
-                    qkvz, conv_state, bos, length, state_base, hist_len,
-                    base + 2 * K + (i_h % R) * V + o_v, 2 * HK * K + i_h * V + o_v, ROW, W, WP,
-                )  # fmt: skip
-                if i_h % R == 0:
-                    _conv_state_update(
-                        qkvz, conv_state, bos, length, state_base, hist_len,
-                        base + o_k, i_kh * K + o_k, ROW, W, WP,
-                    )  # fmt: skip
-                    _conv_state_update(
-                        qkvz, conv_state, bos, length, state_base, hist_len,
-                        base + K + o_k, HK * K + i_kh * K + o_k, ROW, W, WP,
-                    )  # fmt: skip
-        b_o = _round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
-        tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
-    if QUANT:
-        # group-128 fp8 of the stored (rounded) rows, as the unfused chain quantizes its output:
-        # this program's HPG heads hold NG whole groups
-        NG: tl.constexpr = HPG * V // 128
-        tl.debug_barrier()  # the rows just stored by every lane are read back below
-        o_c = tl.arange(0, HPG * V)
-        p_x = rows[:, None] * (HV * V) + i_g * (HPG * V) + o_c[None, :]
-        b_x = tl.load(out + p_x, mask=m_t[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-        b_x = tl.reshape(b_x, [BT, NG, 128])
-        b_s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(b_x), 2), 1e-12), F8_MAX)
-        b_y = tl.math.div_rn(b_x, b_s[:, :, None])
-        b_y = _round_rne(tl.minimum(tl.maximum(b_y, -F8_MAX), F8_MAX), F8_MANT, F8_TINY, F8_MAGIC)
-        b_y = tl.reshape(b_y, [BT, HPG * V])
-        tl.store(quantized + p_x, b_y.to(quantized.dtype.element_ty), mask=m_t[:, None])
-        o_g = tl.arange(0, NG)
-        p_s = scales + rows[:, None] * (HV * V // 128) + i_g * NG + o_g[None, :]
-        tl.store(p_s, b_s, mask=m_t[:, None])
+    b_o = chunk_output(qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, HK, HV, K, V, BT, PREC)
+    b_o = round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
+    tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
 
 
 # --- host --------------------------------------------------------------------------------------
@@ -563,138 +410,92 @@ class Scratch:
     hs: torch.Tensor
 
 
-def _scratch(T: int, HK: int, HV: int, K: int, V: int, max_chunks: int, device) -> Scratch:
+@dataclass(frozen=True)
+class ChunkedRun:
+    """What the three launches of one call share.
+
+    Attributes:
+        plan: the chunks of the call's sequences.
+        scratch: the float32 intermediates.
+        prec: the tl.dot input_precision of every dot ("ieee" or "tf32").
+    """
+
+    plan: ChunkPlan
+    scratch: Scratch
+    prec: str
+
+
+def chunked_run(
+    cu_seqlens: torch.Tensor, out: torch.Tensor, num_k_heads: int, head_k_dim: int, chunk_size: int
+) -> ChunkedRun:
+    """The plan, scratch and dot precision of a call writing `out` ([T, HV, V] in the input dtype)."""
+    T, HV, V = out.shape
+    HK, K, device = num_k_heads, head_k_dim, out.device
+    plan = plan_chunks(cu_seqlens, T, chunk_size)
     f32 = {"dtype": torch.float32, "device": device}
-    return Scratch(
+    scratch = Scratch(
         torch.empty(T, HK, K, **f32),
         torch.empty(T, HK, K, **f32),
         torch.empty(T, HV, K, **f32),
         torch.empty(T, HV, V, **f32),
         torch.empty(T, HV, **f32),
-        torch.empty(max_chunks, HV, K, V, **f32),
+        torch.empty(plan.max_chunks, HV, K, V, **f32),
     )
+    prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device).input_precision
+    return ChunkedRun(plan, scratch, prec)
 
 
-def _grid_args(prefix: str, dtype: torch.dtype) -> dict[str, float | int]:
-    g = grid_of(dtype)
-    return {f"{prefix}_MANT": g.mant, f"{prefix}_TINY": g.tiny, f"{prefix}_MAGIC": g.magic}
-
-
-def _num_warps(*tile_elems: int) -> int:
+def num_warps_for(*tile_elems: int) -> int:
     """A fixed warp count per shape (never per batch): 8 once a tile has 8192+ fp32 elements."""
     return 8 if max(tile_elems) >= 8192 else 4
 
 
-@dataclass(frozen=True)
-class LayerInputs:
-    """The fused layer's extra inputs (see gdn_layer_prefill); None fields are absent."""
-
-    qkvz: torch.Tensor
-    ba: torch.Tensor
-    conv_state: torch.Tensor
-    conv_weight: torch.Tensor
-    conv_bias: torch.Tensor | None
-    has_initial_state: torch.Tensor
-    norm_weight: torch.Tensor
-    eps: float
-    quantized: torch.Tensor | None
-    scales: torch.Tensor | None
-
-
-def run_chunked(
-    *,
-    q: torch.Tensor | None,
-    k: torch.Tensor | None,
-    v: torch.Tensor | None,
-    a: torch.Tensor | None,
-    b: torch.Tensor | None,
-    layer: LayerInputs | None,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    state: torch.Tensor,
-    slots: torch.Tensor,
-    out: torch.Tensor,
-    num_k_heads: int,
-    scale: float,
-    use_qk_l2norm: bool,
-    chunk_size: int,
-) -> None:
-    """Launch the three kernels for gdn_prefill (q/k/v/a/b given) or the fused layer (`layer` given).
-
-    Args:
-        q, k, v, a, b: gdn_prefill's inputs (contiguous), or None for the fused layer.
-        layer: the fused layer's inputs, or None for gdn_prefill.
-        A_log, dt_bias: [HV]. cu_seqlens: int32 [N+1]. slots: int32 [N].
-        state: [num_slots, HV, V, K] float32, contiguous, updated in place.
-        out: [T, HV, V] in the input dtype, written (gdn_prefill's output or the layer's normalized).
-        num_k_heads: HK.
-        scale: the query scale. use_qk_l2norm: L2-normalize q and k.
-        chunk_size: BT (32 or 64; 64 for the batch-invariant backends).
-    """
-    T, HV, V = out.shape
-    K = state.shape[3]
-    HK, N = num_k_heads, slots.numel()
-    fused = layer is not None
-    device = out.device
-    plan = plan_chunks(cu_seqlens, T, chunk_size)
-    s = _scratch(T, HK, HV, K, V, plan.max_chunks, device)
-    prec = dot_precision(out.dtype, device)
-    io = _grid_args("IO", out.dtype)
-    quant = fused and layer.quantized is not None
-    width = layer.conv_weight.shape[1] if fused else 2
-    f8 = layer.quantized.dtype if quant else torch.float8_e4m3fn
-    _prepare_kernel[(plan.max_chunks, HV)](
-        q=q, k=k, v=v, a=a, b=b,
-        qkvz=layer.qkvz if fused else None, ba=layer.ba if fused else None,
-        conv_state=layer.conv_state if fused else None, conv_weight=layer.conv_weight if fused else None,
-        conv_bias=layer.conv_bias if fused else None,
-        has_initial_state=layer.has_initial_state if fused else None,
-        A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
-        chunk_seq=plan.chunk_seq, chunk_cu=plan.chunk_cu,
-        qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=scale, N=N,
-        HK=HK, HV=HV, K=K, V=V, BT=chunk_size, W=width, FUSED=fused,
-        HAS_BIAS=fused and layer.conv_bias is not None, L2NORM=use_qk_l2norm, **io, PREC=prec,
-        num_warps=_num_warps(chunk_size * K, chunk_size * V),
-    )  # fmt: skip
+def run_state_kernel(
+    run: ChunkedRun, state: torch.Tensor, slots: torch.Tensor, cu_seqlens: torch.Tensor, num_k_heads: int
+):
+    """Launch 2, the state recurrence: reads and writes state[slots] ([num_slots, HV, V, K] float32, contiguous)."""
+    HV, V, K = state.shape[1:]
+    s = run.scratch
     block_v = min(V, 32)
-    _state_kernel[(N, HV, V // block_v)](
-        state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=plan.chunk_cu,
+    _state_kernel[(slots.numel(), HV, V // block_v)](
+        state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
         ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs,
-        HK=HK, HV=HV, K=K, V=V, BV=block_v, BT=chunk_size, PREC=prec, num_warps=4,
-    )  # fmt: skip
-    heads_per_group = max(1, FP8_GROUP // V) if quant else 1
-    f8_grid = grid_of(f8)
-    _output_kernel[(plan.max_chunks, HV // heads_per_group)](
-        qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=out,
-        chunk_seq=plan.chunk_seq, chunk_cu=plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots,
-        qkvz=layer.qkvz if fused else None, norm_weight=layer.norm_weight if fused else None,
-        conv_state=layer.conv_state if fused else None,
-        has_initial_state=layer.has_initial_state if fused else None,
-        quantized=layer.quantized if quant else None, scales=layer.scales if quant else None,
-        eps=layer.eps if fused else 0.0, N=N,
-        HK=HK, HV=HV, K=K, V=V, BT=chunk_size, HPG=heads_per_group, W=width,
-        WP=triton.next_power_of_2(width - 1), FUSED=fused, QUANT=quant, **io,
-        F8_MANT=f8_grid.mant, F8_TINY=f8_grid.tiny, F8_MAGIC=f8_grid.magic, F8_MAX=f8_grid.max, PREC=prec,
-        num_warps=_num_warps(K * V),
+        HK=num_k_heads, HV=HV, K=K, V=V, BV=block_v, BT=run.plan.chunk_size, PREC=run.prec, num_warps=4,
     )  # fmt: skip
 
 
 def gdn_prefill_chunked(
     q, k, v, a, b, A_log, dt_bias, cu_seqlens, state, slots, scale, use_qk_l2norm, chunk_size: int = CHUNK_SIZE
 ) -> torch.Tensor:
-    """gdn_prefill with the chunked kernels (arguments as gdn_prefill's validate()); returns [T, HV, V]."""
+    """gdn_prefill with the chunked kernels (arguments as gdn_prefill's validate()); returns [T, HV, V].
+
+    state ([num_slots, HV, V, K] float32, contiguous) is updated in place at `slots`.
+    """
+    q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
+    HK, K = q.shape[1], q.shape[2]
+    HV, V = v.shape[1], v.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    run_chunked(
-        q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), a=a.contiguous(), b=b.contiguous(), layer=None,
-        A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, state=state, slots=slots, out=out,
-        num_k_heads=q.shape[1], scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+    run = chunked_run(cu_seqlens, out, HK, K, chunk_size)
+    s, N = run.scratch, slots.numel()
+    _prepare_kernel[(run.plan.max_chunks, HV)](
+        q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
+        chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
+        qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=scale, N=N,
+        HK=HK, HV=HV, K=K, V=V, BT=chunk_size, L2NORM=use_qk_l2norm, EPS=L2NORM_EPS,
+        SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, num_warps=num_warps_for(chunk_size * K, chunk_size * V),
+    )  # fmt: skip
+    run_state_kernel(run, state, slots, cu_seqlens, HK)
+    _output_kernel[(run.plan.max_chunks, HV)](
+        qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=out,
+        chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=N,
+        HK=HK, HV=HV, K=K, V=V, BT=chunk_size, **grid_args("IO", out.dtype), PREC=run.prec,
+        num_warps=num_warps_for(K * V),
     )  # fmt: skip
     return out
 
 
 def gdn_prefill_triton(q, k, v, a, b, A_log, dt_bias, cu_seqlens, state, slots, scale, use_qk_l2norm) -> torch.Tensor:
-    """The `triton` backend: chunk 64 for every batch (batch invariant)."""
+    """The `triton` backend: chunk 64 (the reference's CHUNK_SIZE) for every batch (batch invariant)."""
     return gdn_prefill_chunked(q, k, v, a, b, A_log, dt_bias, cu_seqlens, state, slots, scale, use_qk_l2norm)
 
 

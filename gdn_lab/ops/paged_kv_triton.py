@@ -1,4 +1,4 @@
-"""What our Triton attention kernels share: reading a paged KV cache, scales, grid bounds.
+"""What our Triton attention kernels share: reading a paged KV cache, the online softmax, scales, grid bounds.
 
 Imports triton at load; the registrations reach this module only through `routing.lazy`.
 """
@@ -10,6 +10,8 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
+
+from gdn_lab.ops.triton_common import pow2_at_least
 
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
 
@@ -39,6 +41,38 @@ def load_kv_tile(
     slot = pos % PAGE_SIZE
     p_kv = cache_ptr + page[:, None] * stride_p + slot[:, None] * stride_t + i_kh * stride_h + o_d[None, :]
     return tl.load(p_kv, mask=m_pos[:, None] & m_d[None, :], other=0.0).to(DTYPE)
+
+
+@triton.jit
+def online_softmax_block(
+    b_q, b_k, b_v, visible, scale, b_m, b_l, b_o, DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr
+):
+    """Fold one block of keys and values into a running softmax (base 2) of the query rows b_q.
+
+    Args:
+        b_q: [BM, BD] queries; b_k, b_v: [BN, BD] keys and values, all in DOT_DTYPE.
+        visible: [BM or 1, BN] which keys each row sees; the others get weight exp2(-inf) = 0.
+        scale: the logit scale in base 2 (softmax scale * log2(e), times k_scale for fp8).
+        b_m, b_l: [BM] float32 running max logit and exp-sum; b_o: [BM, BD] float32 unnormalised output.
+
+    Returns:
+        The updated (b_m, b_l, b_o). A row's new max must be finite (the caller's block holds a
+        key it sees, or one did before); a row that sees no key of this block keeps its state
+        exactly (rescale exp2(0) = 1, weights 0).
+    """
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * scale
+    b_s = tl.where(visible, b_s, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    alpha = tl.exp2(b_m - b_m_new)
+    b_p = tl.exp2(b_s - b_m_new[:, None])
+    b_l = b_l * alpha + tl.sum(b_p, 1)
+    b_o = b_o * alpha[:, None] + tl.dot(b_p.to(DOT_DTYPE), b_v, input_precision=INPUT_PRECISION)
+    return b_m_new, b_l, b_o
+
+
+def config_head_dim(head_dim: int) -> int:
+    """The head-dim key of the GPU config tables: the head's tile extent, at least 64 (64, 128 or 256)."""
+    return max(64, pow2_at_least(head_dim))
 
 
 def scale_args(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, dummy: torch.Tensor):

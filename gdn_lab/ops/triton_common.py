@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from gdn_lab.ops.triton_support import interpreting
@@ -22,27 +21,53 @@ class DotPrecision:
 
     Attributes:
         dtype: the Triton operand dtype (the accumulator is always float32).
-        input_precision: "ieee" for float32 operands (no TF32 rounding), None (Triton's default) else.
+        input_precision: "ieee" for float32 operands rounded nowhere, "tf32" for float32 operands
+            rounded to TF32, None (Triton's default) for 16-bit operands.
     """
 
     dtype: tl.dtype
     input_precision: str | None
 
 
-def dot_precision(a_dtype: torch.dtype, b_dtype: torch.dtype) -> DotPrecision:
-    """Operand precision of a tl.dot, fixed by the input dtypes alone (never by the batch).
+def dot_precision(
+    a_dtype: torch.dtype, b_dtype: torch.dtype, *, float32_operands: bool = False, device: torch.device | None = None
+) -> DotPrecision:
+    """Operand precision of a tl.dot, fixed by the input dtypes (and the GPU) alone, never by the batch.
 
-    On the GPU the operands are a's dtype when b holds that dtype or fp8 (an e4m3 value converts
-    to bf16/fp16 exactly), else float32. Under the interpreter they are always float32: Triton
-    3.9's interpreter computes tl.dot on bf16 operands wrongly.
+    Under the interpreter, and for float32 inputs, every dot is float32 IEEE (Triton 3.9's
+    interpreter computes tl.dot on bf16 operands wrongly).
+
+    Args:
+        a_dtype, b_dtype: the dtypes of the inputs the two operands come from.
+        float32_operands: False (attention, matmul): the operands are the inputs converted, to
+            a's dtype when b holds that dtype or fp8 (an e4m3 value converts to bf16/fp16
+            exactly), else to float32 (IEEE). True (the chunked delta rule): the operands are
+            float32 values the kernel computed from 16-bit inputs; they take TF32 where the GPU
+            has it (every CUDA GPU; on AMD only gfx942, where Triton offers xf32), else IEEE.
+        device: the tensors' device; read only with float32_operands.
     """
     if interpreting() or a_dtype == torch.float32:
         return DotPrecision(tl.float32, "ieee")
+    if float32_operands:
+        return DotPrecision(tl.float32, "tf32" if _has_tf32(device) else "ieee")
     if b_dtype == a_dtype or b_dtype.itemsize == 1:
         return DotPrecision(_TL_DTYPES[a_dtype], None)
     return DotPrecision(tl.float32, "ieee")
 
 
+def _has_tf32(device: torch.device | None) -> bool:
+    """Whether Triton's tl.dot can round float32 operands to TF32 on this device."""
+    if device is None or device.type != "cuda":
+        return False
+    if torch.version.hip:
+        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0] == "gfx942"
+    return True
+
+
 def pow2_at_least(n: int, floor: int = 16) -> int:
-    """The tile extent for n rows or columns: a power of two, at least `floor` (tl.dot needs 16)."""
-    return max(floor, triton.next_power_of_2(n))
+    """The tile extent for n >= 1 rows or columns: a power of two >= n, at least `floor` (tl.dot needs 16).
+
+    Plain Python, not triton.next_power_of_2: that is a constexpr function whose host call costs
+    about 10 us in Triton 3.9, a visible share of an eager decode step.
+    """
+    return max(floor, 1 << (n - 1).bit_length())

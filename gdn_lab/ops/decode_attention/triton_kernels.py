@@ -5,9 +5,10 @@ Two launches, as AITER's paged_attention_ragged:
 1. `_decode_partition_kernel`, grid (B, Hkv, partitions): one program reads one partition of one
    request for one KV head, with the GQA query heads of that KV head together (the group padded
    to a power of two, at least 16 rows, for tl.dot). It walks the partition in blocks of BN
-   tokens with an online softmax and writes the partition's max logit m_p (base 2), its exp-sum
-   l_p and its unnormalised output o_p to a float32 workspace. Programs whose partition starts at
-   or beyond the request's length exit at once.
+   tokens with an online softmax (`paged_kv_triton.online_softmax_block`, as the prefill kernel)
+   and writes the partition's max logit m_p (base 2), its exp-sum l_p and its unnormalised output
+   o_p to a float32 workspace. Programs whose partition starts at or beyond the request's length
+   exit at once.
 2. `_decode_reduce_kernel`, grid (B, Hq): one program merges one request's partitions for one
    query head: M = max_p m_p, w_p = exp2(m_p - M), out = sum_p w_p o_p / sum_p w_p l_p, in one
    pass over chunks of BP partitions (a running max rescales the sums between chunks).
@@ -39,8 +40,10 @@ from gdn_lab.device import detect
 from gdn_lab.ops.paged_kv import PARTITION_SIZE
 from gdn_lab.ops.paged_kv_triton import (
     LOG2E,
+    config_head_dim,
     grid_bound,
     load_kv_tile,
+    online_softmax_block,
     scale_args,
 )
 from gdn_lab.ops.triton_common import dot_precision, pow2_at_least
@@ -98,7 +101,7 @@ def decode_config(head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype) ->
     """The partition kernel's fixed configuration for a head dim and the query and cache dtypes."""
     if interpreting():
         return _INTERPRETER_CONFIG
-    return _GPU_CONFIGS[(max(64, pow2_at_least(head_dim)), operand_kind(q_dtype, kv_dtype))]
+    return _GPU_CONFIGS[(config_head_dim(head_dim), operand_kind(q_dtype, kv_dtype))]
 
 
 @triton.jit
@@ -180,19 +183,14 @@ def _decode_partition_kernel(
             k_ptr, kv_indices_ptr, page_base, pos, m_n, i_kh, stride_kp, stride_kt, stride_kh, o_d, m_d,
             PAGE_SIZE, DOT_DTYPE,
         )  # fmt: skip
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * scale
-        b_s = tl.where(m_n[None, :], b_s, float("-inf"))
-        # Every block holds at least one valid token (n0 < end), so b_m_new is finite.
-        b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
-        alpha = tl.exp2(b_m - b_m_new)
-        b_p = tl.exp2(b_s - b_m_new[:, None])
-        b_l = b_l * alpha + tl.sum(b_p, 1)
         b_v = load_kv_tile(
             v_ptr, kv_indices_ptr, page_base, pos, m_n, i_kh, stride_vp, stride_vt, stride_vh, o_d, m_d,
             PAGE_SIZE, DOT_DTYPE,
         )  # fmt: skip
-        b_o = b_o * alpha[:, None] + tl.dot(b_p.to(DOT_DTYPE), b_v, input_precision=INPUT_PRECISION)
-        b_m = b_m_new
+        # Every block holds at least one valid token (n0 < end), so the running max stays finite.
+        b_m, b_l, b_o = online_softmax_block(
+            b_q, b_k, b_v, m_n[None, :], scale, b_m, b_l, b_o, DOT_DTYPE, INPUT_PRECISION
+        )
     if FP8:
         b_o = b_o * tl.load(v_scale_ptr)
 

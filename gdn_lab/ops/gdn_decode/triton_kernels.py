@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_lab.ops.delta_rule import L2NORM_EPS, SOFTPLUS_THRESHOLD
+from gdn_lab.ops.triton_common import pow2_at_least
 from gdn_lab.rules import flydsl_gdr_decode
 
 # The fixed config. k_split 8 mirrors FlyDSL's untuned default (WARP_THREADS_K = 8). block_v and
@@ -32,8 +34,6 @@ from gdn_lab.rules import flydsl_gdr_decode
 DEFAULT_K_SPLIT = 8
 DEFAULT_BLOCK_V = 8
 DEFAULT_NUM_WARPS = 1
-L2NORM_EPS = 1e-6
-SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus's default, as FlyDSL and fla use
 
 
 @triton.jit
@@ -53,7 +53,6 @@ def _gdn_decode_kernel(
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
-    BK: tl.constexpr,
     BV: tl.constexpr,
     NV: tl.constexpr,
     KS: tl.constexpr,
@@ -109,12 +108,6 @@ def _gdn_decode_kernel(
     tl.store(o + i_b * (HV * V) + i_hv * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
 
 
-def _next_pow2(n: int) -> int:
-    # Plain Python: triton.next_power_of_2 is a constexpr function whose host call costs ~10 us in
-    # Triton 3.9, a visible share of an eager decode step.
-    return 1 << (n - 1).bit_length()
-
-
 def _check_power_of_two(name: str, value: object, high: int, why: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1 or value > high or value & (value - 1):
         raise ValueError(f"{name}: expected a power of two in [1, {high}] ({why}), got {value!r}")
@@ -122,7 +115,7 @@ def _check_power_of_two(name: str, value: object, high: int, why: str) -> None:
 
 def default_k_split(head_k_dim: int) -> int:
     """The fixed k_split for a head size: DEFAULT_K_SPLIT, or the padded K when K is smaller."""
-    return min(DEFAULT_K_SPLIT, _next_pow2(head_k_dim))
+    return min(DEFAULT_K_SPLIT, pow2_at_least(head_k_dim, floor=1))
 
 
 def gdn_decode_triton(
@@ -172,16 +165,16 @@ def gdn_decode_triton(
     """
     B, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    BK = _next_pow2(K)
+    padded_k = pow2_at_least(K, floor=1)
     if k_split is None:
         k_split = default_k_split(K)
     else:
-        _check_power_of_two("k_split", k_split, BK, f"K={K} is padded to {BK}")
+        _check_power_of_two("k_split", k_split, padded_k, f"K={K} is padded to {padded_k}")
     _check_power_of_two("block_v", block_v, 1024, "V rows per program")
     _check_power_of_two("num_warps", num_warps, 32, "warps per program")
     if not state.is_contiguous():
         raise ValueError("state: must be contiguous (it is updated in place); got a strided view")
-    BV = min(block_v, _next_pow2(V))
+    BV = min(block_v, pow2_at_least(V, floor=1))
     out = torch.empty((B, HV, V), dtype=q.dtype, device=q.device)
     if B == 0:
         return out
@@ -202,11 +195,10 @@ def gdn_decode_triton(
         HV=HV,
         K=K,
         V=V,
-        BK=BK,
         BV=BV,
         NV=NV,
         KS=k_split,
-        KC=BK // k_split,
+        KC=padded_k // k_split,
         USE_QK_L2NORM=use_qk_l2norm,
         EPS=L2NORM_EPS,
         SOFTPLUS_T=SOFTPLUS_THRESHOLD,
@@ -233,7 +225,7 @@ def control_k_split(
     pred = flydsl_gdr_decode.control_prediction(
         arch, batch_size, num_k_heads, num_v_heads, head_k_dim, head_v_dim, dtype, torch.float32
     )
-    return min(pred.wtk, _next_pow2(head_k_dim)), pred
+    return min(pred.wtk, pow2_at_least(head_k_dim, floor=1)), pred
 
 
 def gdn_decode_triton_ksplit_by_batch(

@@ -85,7 +85,9 @@ def validate(
     if quantize_fp8:
         check_fp8_dtype("fp8_dtype", fp8_dtype, arch)
         if (num_v_heads * d) % FP8_GROUP:
-            raise ValueError(f"num_v_heads * head_dim (={num_v_heads * d}) must be divisible by the fp8 group (128)")
+            raise ValueError(
+                f"num_v_heads * head_dim (={num_v_heads * d}) must be divisible by the fp8 group ({FP8_GROUP})"
+            )
     if check_indices:
         check_cu_seqlens(cu_seqlens, dims["T"])
         for name, pool in (("conv_state", dims["Sc"]), ("delta_state", dims["Sd"])):

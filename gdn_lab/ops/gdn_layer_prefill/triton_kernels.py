@@ -1,15 +1,18 @@
 """gdn_layer_prefill fused in Triton: the whole GDN prefill chain in three launches, batch invariant.
 
-The chunked delta-rule kernels of `gdn_lab.ops.delta_rule_triton` with the layer's
-stages folded into their first and last launches:
+The chunked delta rule of `gdn_lab.ops.delta_rule_triton`, with the layer's stages folded into
+its first and last launches. This module holds the layer's own kernels and stages; the delta-rule
+arithmetic is the @triton.jit helpers gdn_prefill's kernels call (`chunk_rows`, `chunk_gates`,
+`store_w`, `store_u`, `chunk_output`, `round_rne`), and the state launch is gdn_prefill's:
 
-1. prepare (per chunk and value head): causal conv1d of the interleaved projection with the slot's
-   conv history (zeros where has_initial_state is False) + SiLU, split into q, k, v on the fly,
-   gates from the interleaved b/a, L2 norm, and the chunk factors;
-2. state recurrence (per sequence, value head, V tile): reads and writes the delta-state slot;
-3. output (per chunk and value head, or per group of heads sharing an fp8 group): gated RMSNorm
-   with z, the store in the input dtype, group-128 fp8 with float32 scales, and, in each
-   sequence's last chunk, the conv-state update (after every launch-1 read of the old history).
+1. `_layer_prepare_kernel` (per chunk and value head): causal conv1d of the interleaved projection
+   with the slot's conv history (zeros where has_initial_state is False) + SiLU (`_conv_tile`),
+   split into q, k, v on the fly, gates from the interleaved b/a, L2 norm, and the chunk factors;
+2. `run_state_kernel` (per sequence, value head, V tile): reads and writes the delta-state slot;
+3. `_layer_output_kernel` (per chunk and value head, or per group of heads sharing an fp8 group):
+   gated RMSNorm with z, the store in the input dtype, group-128 fp8 with float32 scales, and, in
+   each sequence's last chunk, the conv-state update (`_conv_state_update`, after every launch-1
+   read of the old history).
 
 Rounding choice: the conv output is rounded to the input dtype before the delta rule, exactly as
 the unfused chain stores it between its conv and delta-rule kernels. Keeping it in float32 would
@@ -21,9 +24,318 @@ about the delta-rule arithmetic alone. Everything after the conv stays float32 u
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-from gdn_lab.ops.delta_rule_triton import CHUNK_SIZE, LayerInputs, run_chunked
-from gdn_lab.quant import FP8_GROUP
+from gdn_lab.ops.delta_rule import CHUNK_SIZE, L2NORM_EPS, SOFTPLUS_THRESHOLD
+from gdn_lab.ops.delta_rule_triton import (
+    chunk_gates,
+    chunk_output,
+    chunk_rows,
+    chunked_run,
+    grid_args,
+    grid_of,
+    l2norm_rows,
+    num_warps_for,
+    round_rne,
+    run_state_kernel,
+    store_u,
+    store_w,
+)
+from gdn_lab.ops.triton_common import pow2_at_least
+from gdn_lab.quant import AMAX_FLOOR, FP8_GROUP
+
+# --- the layer's stages ------------------------------------------------------------------------
+
+
+@triton.jit
+def _conv_silu(
+    qkvz,
+    conv_state,
+    conv_weight,
+    conv_bias,
+    bos,
+    p,
+    m_t,
+    state_base,
+    hist_len,
+    col,
+    ch,
+    ROW: tl.constexpr,
+    W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BT: tl.constexpr,
+    D: tl.constexpr,
+):
+    """SiLU(causal depthwise conv) at sequence positions p [BT] for the channels ch [D] (qkvz columns col).
+
+    Tap w reads position p - (W - 1 - w). Before the sequence start it reads the slot's conv history
+    entry p + w where p + w < hist_len: the caller passes W - 1 for a sequence's first chunk when it
+    has an initial state, else 0. The history taps are added in a second pass that only such a
+    chunk runs, so the other chunks carry no history addressing (it cost registers and spills).
+    """
+    acc = tl.zeros([BT, D], dtype=tl.float32)
+    for w in tl.static_range(W):
+        src = p - (W - 1 - w)
+        x = tl.load(qkvz + (bos + src)[:, None] * ROW + col[None, :], mask=(m_t & (src >= 0))[:, None], other=0.0)
+        acc += x.to(tl.float32) * tl.load(conv_weight + ch * W + w).to(tl.float32)[None, :]
+    if hist_len > 0:
+        for w in tl.static_range(W - 1):
+            hist = tl.load(
+                conv_state + state_base + ch[None, :] * (W - 1) + (p + w)[:, None],
+                mask=(m_t & (p + w < hist_len))[:, None],
+                other=0.0,
+            )
+            acc += hist.to(tl.float32) * tl.load(conv_weight + ch * W + w).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(conv_bias + ch).to(tl.float32)[None, :]
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
+def _conv_tile(
+    qkvz,
+    conv_state,
+    conv_weight,
+    conv_bias,
+    bos,
+    p,
+    m_t,
+    state_base,
+    hist_len,
+    col,
+    ch,
+    ROW: tl.constexpr,
+    W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BT: tl.constexpr,
+    D: tl.constexpr,
+    IO_MANT: tl.constexpr,
+    IO_TINY: tl.constexpr,
+    IO_MAGIC: tl.constexpr,
+):
+    """One [BT, D] float32 tile of q, k or v: `_conv_silu` of the projection's columns col, rounded
+    to the input dtype (the unfused chain stores the conv output in the input dtype; so does this
+    kernel, for parity)."""
+    t = _conv_silu(
+        qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, col, ch, ROW, W, HAS_BIAS, BT, D,
+    )  # fmt: skip
+    return round_rne(t, IO_MANT, IO_TINY, IO_MAGIC)
+
+
+@triton.jit
+def _conv_state_update(
+    qkvz, conv_state, bos, length, state_base, hist_len, col, ch, ROW: tl.constexpr, W: tl.constexpr, WP: tl.constexpr
+):
+    """The slot's new conv history: the last W - 1 inputs of [old history (or zeros) | sequence] (WP >= W - 1).
+
+    hist_len is W - 1 when the old history counts (has_initial_state), else 0.
+    """
+    o_i = tl.arange(0, WP)
+    m_i = o_i < W - 1
+    src = length + o_i - (W - 1)  # sequence position of entry i; negative: an old history entry
+    x = tl.load(qkvz + (bos + src)[None, :] * ROW + col[:, None], mask=(m_i & (src >= 0))[None, :], other=0.0)
+    old = tl.load(
+        conv_state + state_base + ch[:, None] * (W - 1) + (o_i + length)[None, :],
+        mask=(m_i & (src < 0) & (o_i + length < hist_len))[None, :],
+        other=0.0,
+    )
+    new = tl.where((src >= 0)[None, :], x.to(tl.float32), old.to(tl.float32))
+    tl.debug_barrier()  # every lane has read the old history before any lane overwrites it
+    p_state = conv_state + state_base + ch[:, None] * (W - 1) + o_i[None, :]
+    tl.store(p_state, new.to(p_state.dtype.element_ty), mask=m_i[None, :])
+
+
+# --- kernels -----------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
+def _layer_prepare_kernel(
+    qkvz,
+    ba,
+    conv_state,
+    conv_weight,
+    conv_bias,
+    has_initial_state,
+    A_log,
+    dt_bias,
+    cu_seqlens,
+    slots,
+    chunk_seq,
+    chunk_cu,
+    qs,
+    ks,
+    ws,
+    us,
+    gs,
+    scale,
+    N,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EPS: tl.constexpr,
+    SOFTPLUS_T: tl.constexpr,
+    IO_MANT: tl.constexpr,
+    IO_TINY: tl.constexpr,
+    IO_MAGIC: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    n = tl.load(chunk_seq + i_c)
+    if n >= N:  # past the last chunk (the grid is an upper bound)
+        return
+    slot = tl.load(slots + n)
+    if slot < 0:  # padding: nothing to prepare
+        return
+    R: tl.constexpr = HV // HK
+    i_kh = i_h // R
+    bos, _, p_first, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
+    o_k = tl.arange(0, K)
+    o_v = tl.arange(0, V)
+    # Qwen3-Next's interleaved projection: per key head [q | k | v (R heads) | z (R heads)]; the
+    # conv channels are [q of every key head | k | v of every value head]
+    ROW: tl.constexpr = HK * (2 * K + 2 * R * V)
+    base = i_kh * (2 * K + 2 * R * V)
+    state_base = slot.to(tl.int64) * (2 * HK * K + HV * V) * (W - 1)
+    # the slot's conv history reaches only the first chunk (and a scalar boolean cannot mask a
+    # block in the interpreter: a history length stands in)
+    hist_len = tl.where(p_first == 0, tl.where(tl.load(has_initial_state + n) != 0, W - 1, 0), 0)
+    ba_col = i_kh * 2 * R + i_h % R  # per key head [b (R) | a (R)]
+    b_b = tl.load(ba + rows * (2 * HV) + ba_col, mask=m_t, other=0.0).to(tl.float32)
+    b_a = tl.load(ba + rows * (2 * HV) + ba_col + R, mask=m_t, other=0.0).to(tl.float32)
+    b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
+
+    # tiles are made in the order they are consumed, so that few are alive at once
+    b_k = _conv_tile(
+        qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
+        base + K + o_k, HK * K + i_kh * K + o_k, ROW, W, HAS_BIAS, BT, K, IO_MANT, IO_TINY, IO_MAGIC,
+    )  # fmt: skip
+    b_k = l2norm_rows(b_k, EPS)
+    if i_h % R == 0:  # one value head per key head writes the shared normalized q and k
+        p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
+        tl.store(ks + p_qk, b_k, mask=m_t[:, None])
+        b_q = _conv_tile(
+            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
+            base + o_k, i_kh * K + o_k, ROW, W, HAS_BIAS, BT, K, IO_MANT, IO_TINY, IO_MAGIC,
+        )  # fmt: skip
+        b_q = l2norm_rows(b_q, EPS)
+        tl.store(qs + p_qk, b_q * scale, mask=m_t[:, None])
+    b_T = store_w(b_k, b_beta, b_G, ws, rows, m_t, i_h, HV, K, BT, PREC)
+    b_v = _conv_tile(
+        qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
+        base + 2 * K + (i_h % R) * V + o_v, 2 * HK * K + i_h * V + o_v, ROW, W, HAS_BIAS, BT, V,
+        IO_MANT, IO_TINY, IO_MAGIC,
+    )  # fmt: skip
+    store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, HV, V, PREC)
+
+
+@triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
+def _layer_output_kernel(
+    qs,
+    ks,
+    us,
+    gs,
+    hs,
+    out,
+    chunk_seq,
+    chunk_cu,
+    cu_seqlens,
+    slots,
+    qkvz,
+    norm_weight,
+    conv_state,
+    has_initial_state,
+    quantized,
+    scales,
+    eps,
+    N,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    HPG: tl.constexpr,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,
+    AMAX_FLOOR: tl.constexpr,
+    IO_MANT: tl.constexpr,
+    IO_TINY: tl.constexpr,
+    IO_MAGIC: tl.constexpr,
+    F8_MANT: tl.constexpr,
+    F8_TINY: tl.constexpr,
+    F8_MAGIC: tl.constexpr,
+    F8_MAX: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    i_c, i_g = tl.program_id(0), tl.program_id(1)
+    n = tl.load(chunk_seq + i_c)
+    if n >= N:
+        return
+    slot = tl.load(slots + n)
+    live = slot >= 0  # padding rows get zeros
+    R: tl.constexpr = HV // HK
+    bos, length, _, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
+    m_live = p < tl.where(live, length, 0)  # (a scalar boolean cannot mask a block in the interpreter)
+    o_k = tl.arange(0, K)
+    o_v = tl.arange(0, V)
+    # constexprs are defined out of the head loop: an unrolled loop would reassign them (a compile
+    # error on the GPU, which the interpreter does not raise)
+    ROW: tl.constexpr = HK * (2 * K + 2 * R * V)
+    CONV_DIM: tl.constexpr = 2 * HK * K + HV * V
+    for i_hh in tl.static_range(HPG):
+        i_h = i_g * HPG + i_hh
+        i_kh = i_h // R
+        b_o = chunk_output(qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, HK, HV, K, V, BT, PREC)
+        # gated RMSNorm with z
+        base = i_kh * (2 * K + 2 * R * V)
+        z_col = base + 2 * K + R * V + (i_h % R) * V + o_v
+        b_z = tl.load(qkvz + rows[:, None] * ROW + z_col[None, :], mask=m_live[:, None], other=0.0).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(b_o * b_o, 1) / V + eps)
+        b_o = tl.load(norm_weight + o_v).to(tl.float32)[None, :] * (b_o * rstd[:, None]) * (b_z * tl.sigmoid(b_z))
+        if tl.where(live, i_c, -1) == tl.load(chunk_cu + n + 1) - 1:  # a live sequence's last chunk
+            state_base = slot.to(tl.int64) * CONV_DIM * (W - 1)
+            hist_len = tl.where(tl.load(has_initial_state + n) != 0, W - 1, 0)
+            _conv_state_update(
+                qkvz, conv_state, bos, length, state_base, hist_len,
+                base + 2 * K + (i_h % R) * V + o_v, 2 * HK * K + i_h * V + o_v, ROW, W, WP,
+            )  # fmt: skip
+            if i_h % R == 0:
+                _conv_state_update(
+                    qkvz, conv_state, bos, length, state_base, hist_len,
+                    base + o_k, i_kh * K + o_k, ROW, W, WP,
+                )  # fmt: skip
+                _conv_state_update(
+                    qkvz, conv_state, bos, length, state_base, hist_len,
+                    base + K + o_k, HK * K + i_kh * K + o_k, ROW, W, WP,
+                )  # fmt: skip
+        b_o = round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
+        tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
+    if QUANT:
+        # group-wise fp8 of the stored (rounded) rows, as the unfused chain quantizes its output
+        # (`gdn_lab.quant.quantize_groups`): this program's HPG heads hold NG whole groups
+        NG: tl.constexpr = HPG * V // GROUP
+        tl.debug_barrier()  # the rows just stored by every lane are read back below
+        o_c = tl.arange(0, HPG * V)
+        p_x = rows[:, None] * (HV * V) + i_g * (HPG * V) + o_c[None, :]
+        b_x = tl.load(out + p_x, mask=m_t[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        b_x = tl.reshape(b_x, [BT, NG, GROUP])
+        b_s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(b_x), 2), AMAX_FLOOR), F8_MAX)
+        b_y = tl.math.div_rn(b_x, b_s[:, :, None])
+        b_y = round_rne(tl.minimum(tl.maximum(b_y, -F8_MAX), F8_MAX), F8_MANT, F8_TINY, F8_MAGIC)
+        b_y = tl.reshape(b_y, [BT, HPG * V])
+        tl.store(quantized + p_x, b_y.to(quantized.dtype.element_ty), mask=m_t[:, None])
+        o_g = tl.arange(0, NG)
+        p_s = scales + rows[:, None] * (HV * V // GROUP) + i_g * NG + o_g[None, :]
+        tl.store(p_s, b_s, mask=m_t[:, None])
+
+
+# --- host --------------------------------------------------------------------------------------
 
 
 def gdn_layer_prefill_fused(
@@ -49,37 +361,50 @@ def gdn_layer_prefill_fused(
 ):
     """gdn_layer_prefill (arguments as its validate()) with the fused kernels; chunk 64 unless given.
 
+    conv_state and delta_state (contiguous) are updated in place at cache_indices.
+
     Returns:
         (normalized [T, HV, V], quantized [T, HV*V] or None, scales float32 [T, HV*V/128] or None).
     """
     T, device, dtype = projected_qkvz.shape[0], projected_qkvz.device, projected_qkvz.dtype
-    normalized = torch.empty(T, num_v_heads, head_dim, dtype=dtype, device=device)
+    HK, HV, D = num_k_heads, num_v_heads, head_dim
+    normalized = torch.empty(T, HV, D, dtype=dtype, device=device)
     quantized = scales = None
     if quantize_fp8:
-        quantized = torch.empty(T, num_v_heads * head_dim, dtype=fp8_dtype, device=device)
-        scales = torch.empty(T, num_v_heads * head_dim // FP8_GROUP, dtype=torch.float32, device=device)
-    layer = LayerInputs(
-        qkvz=projected_qkvz.contiguous(),
-        ba=projected_ba.contiguous(),
-        conv_state=conv_state,
-        conv_weight=conv_weight.contiguous(),
-        conv_bias=None if conv_bias is None else conv_bias.contiguous(),
-        has_initial_state=has_initial_state,
-        norm_weight=norm_weight.contiguous(),
-        eps=eps,
-        quantized=quantized,
-        scales=scales,
-    )
-    run_chunked(
-        q=None, k=None, v=None, a=None, b=None, layer=layer, A_log=A_log, dt_bias=dt_bias,
-        cu_seqlens=cu_seqlens, state=delta_state, slots=cache_indices, out=normalized,
-        num_k_heads=num_k_heads, scale=head_dim**-0.5, use_qk_l2norm=True, chunk_size=chunk_size,
+        quantized = torch.empty(T, HV * D, dtype=fp8_dtype, device=device)
+        scales = torch.empty(T, HV * D // FP8_GROUP, dtype=torch.float32, device=device)
+    qkvz = projected_qkvz.contiguous()
+    width = conv_weight.shape[1]
+    io = grid_args("IO", dtype)
+    run = chunked_run(cu_seqlens, normalized, HK, D, chunk_size)
+    s, N = run.scratch, cache_indices.numel()
+    _layer_prepare_kernel[(run.plan.max_chunks, HV)](
+        qkvz=qkvz, ba=projected_ba.contiguous(), conv_state=conv_state, conv_weight=conv_weight.contiguous(),
+        conv_bias=None if conv_bias is None else conv_bias.contiguous(), has_initial_state=has_initial_state,
+        A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=cache_indices,
+        chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
+        qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=D**-0.5, N=N,
+        HK=HK, HV=HV, K=D, V=D, BT=chunk_size, W=width, HAS_BIAS=conv_bias is not None, EPS=L2NORM_EPS,
+        SOFTPLUS_T=SOFTPLUS_THRESHOLD, **io, PREC=run.prec, num_warps=num_warps_for(chunk_size * D, chunk_size * D),
+    )  # fmt: skip
+    run_state_kernel(run, delta_state, cache_indices, cu_seqlens, HK)
+    heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
+    f8 = grid_of(fp8_dtype if quantize_fp8 else torch.float8_e4m3fn)
+    _layer_output_kernel[(run.plan.max_chunks, HV // heads_per_group)](
+        qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=normalized,
+        chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=cache_indices,
+        qkvz=qkvz, norm_weight=norm_weight.contiguous(), conv_state=conv_state, has_initial_state=has_initial_state,
+        quantized=quantized, scales=scales, eps=eps, N=N,
+        HK=HK, HV=HV, K=D, V=D, BT=chunk_size, HPG=heads_per_group, W=width, WP=pow2_at_least(width - 1, floor=1),
+        QUANT=quantize_fp8, GROUP=FP8_GROUP, AMAX_FLOOR=AMAX_FLOOR, **io,
+        F8_MANT=f8.mant, F8_TINY=f8.tiny, F8_MAGIC=f8.magic, F8_MAX=f8.max, PREC=run.prec,
+        num_warps=num_warps_for(D * D),
     )  # fmt: skip
     return normalized, quantized, scales
 
 
 def gdn_layer_prefill_triton_fused(**args):
-    """The `triton-fused` backend: chunk 64 for every batch (batch invariant)."""
+    """The `triton-fused` backend: chunk 64 (the reference's CHUNK_SIZE) for every batch (batch invariant)."""
     return gdn_layer_prefill_fused(**args)
 
 

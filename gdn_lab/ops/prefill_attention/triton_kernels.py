@@ -2,11 +2,12 @@
 
 One program per (request, block of BM new tokens, query head). It walks the request's KV in blocks
 of BN tokens from position 0 up to the last position its rows may see, with an online softmax in
-float32, and writes its rows. Nothing in it depends on the other requests: block boundaries are
-request-relative, the tiles are fixed per (head_dim, dtypes), and a KV block that lies wholly past
-a row's causal limit leaves that row's running max, sum and output exactly unchanged (its weights
-are exp2(-inf) = 0 and its rescale factor exp2(0) = 1), so sharing a tile with other rows of the
-same request does not change a row either.
+float32 (`paged_kv_triton.online_softmax_block`, as the decode kernel), and writes its rows.
+Nothing in it depends on the other requests: block boundaries are request-relative, the tiles are
+fixed per (head_dim, dtypes), and a KV block that lies wholly past a row's causal limit leaves
+that row's running max, sum and output exactly unchanged (its weights are exp2(-inf) = 0 and its
+rescale factor exp2(0) = 1), so sharing a tile with other rows of the same request does not
+change a row either.
 
 The control `prefill_attention_tiles_by_batch` picks its KV block from the batch, as CK's
 batch-prefill dispatcher picks a small tile when the batch under-fills the GPU (aiter_contracts.md
@@ -25,12 +26,15 @@ import triton.language as tl
 from gdn_lab.device import detect
 from gdn_lab.ops.paged_kv_triton import (
     LOG2E,
+    config_head_dim,
     grid_bound,
     load_kv_tile,
+    online_softmax_block,
     scale_args,
 )
 from gdn_lab.ops.triton_common import dot_precision, pow2_at_least
 from gdn_lab.ops.triton_support import interpreting
+from gdn_lab.rules import ck_batch_prefill
 
 
 @dataclass(frozen=True)
@@ -62,16 +66,13 @@ _GPU_CONFIGS = {
 }
 _INTERPRETER_CONFIG = PrefillConfig(32, 64, 1, 1)
 
-CK_TILE_ROWS = 128  # kM0 of CK's default batch-prefill tile, the unit of its occupancy count
-CK_MIN_CU_UTIL = 0.8
-
 
 def prefill_config(head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> PrefillConfig:
     """The prefill kernel's fixed tiles for a head dim and the query and cache dtypes."""
     if interpreting():
         return _INTERPRETER_CONFIG
     fp32 = dot_precision(q_dtype, kv_dtype).dtype == tl.float32
-    return _GPU_CONFIGS[(max(64, pow2_at_least(head_dim)), fp32)]
+    return _GPU_CONFIGS[(config_head_dim(head_dim), fp32)]
 
 
 @triton.jit
@@ -147,22 +148,15 @@ def _prefill_kernel(
             k_ptr, kv_indices_ptr, page_base, pos, m_n, i_kh, stride_kp, stride_kt, stride_kh, o_d, m_d,
             PAGE_SIZE, DOT_DTYPE,
         )  # fmt: skip
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * scale
-        visible = m_n[None, :]
-        if CAUSAL:
-            visible = visible & (pos[None, :] <= pos_q[:, None])
-        b_s = tl.where(visible, b_s, float("-inf"))
-        # Key 0 is in the first block and visible to every row, so b_m_new is finite from there on.
-        b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
-        alpha = tl.exp2(b_m - b_m_new)
-        b_p = tl.exp2(b_s - b_m_new[:, None])
-        b_l = b_l * alpha + tl.sum(b_p, 1)
         b_v = load_kv_tile(
             v_ptr, kv_indices_ptr, page_base, pos, m_n, i_kh, stride_vp, stride_vt, stride_vh, o_d, m_d,
             PAGE_SIZE, DOT_DTYPE,
         )  # fmt: skip
-        b_o = b_o * alpha[:, None] + tl.dot(b_p.to(DOT_DTYPE), b_v, input_precision=INPUT_PRECISION)
-        b_m = b_m_new
+        visible = m_n[None, :]
+        if CAUSAL:
+            visible = visible & (pos[None, :] <= pos_q[:, None])
+        # Key 0 is in the first block and visible to every row, so the running max is finite from there on.
+        b_m, b_l, b_o = online_softmax_block(b_q, b_k, b_v, visible, scale, b_m, b_l, b_o, DOT_DTYPE, INPUT_PRECISION)
     if FP8:
         b_o = b_o * tl.load(v_scale_ptr)
     b_o = b_o / b_l[:, None]
@@ -234,8 +228,13 @@ def prefill_attention_triton(
 
 
 def ck_small_tile(batch: int, num_q_heads: int, max_q_len: int, num_sms: int) -> bool:
-    """CK batch prefill's occupancy rule: the small tile iff B * Hq * ceil(max_q / 128) < 0.8 * CUs."""
-    return batch * num_q_heads * triton.cdiv(max_q_len, CK_TILE_ROWS) < CK_MIN_CU_UTIL * num_sms
+    """CK batch prefill's occupancy rule: the small tile iff B * Hq * ceil(max_q / 128) < 0.8 * CUs.
+
+    The constants are `gdn_lab.rules.ck_batch_prefill`'s; the comparison is in float64 (the rule,
+    like CK's C++, compares in float32).
+    """
+    ck = ck_batch_prefill.CONSTANTS
+    return ck_batch_prefill.num_blocks(batch, num_q_heads, max_q_len, ck.block_rows) < ck.min_cu_util_rate * num_sms
 
 
 def prefill_attention_tiles_by_batch(
