@@ -192,15 +192,23 @@ def read_trace(trace, device: torch.device) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gdn_lab.environment import fingerprint
-    from gdn_lab.trace.hashing import resolve_impl
-
     if not args.smoke and not torch.cuda.is_available():
         print("[bench] no GPU here: pass --smoke for the CPU run", file=sys.stderr)
         return 2
     device = torch.device("cpu" if args.smoke else "cuda")
+    threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    try:
+        return _run(args, device)
+    finally:  # a caller in the same process (a test) keeps its own thread count
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace, device: torch.device) -> int:
+    from gdn_lab.environment import fingerprint
+    from gdn_lab.trace.hashing import resolve_impl
+
     fp = fingerprint(device)
     impl = resolve_impl(args.hash_impl, device)
     rows: list[dict] = []

@@ -103,12 +103,14 @@ def default_device() -> torch.device:
 
 
 @cache
+def _cpu_name() -> str:
+    return _platform.processor() or _platform.machine() or "cpu"
+
+
+@cache
 def _info(device_str: str) -> DeviceInfo:
     dev = torch.device(device_str)
     plat = platform_of(dev)
-    if plat == "cpu":
-        name = _platform.processor() or _platform.machine() or "cpu"
-        return DeviceInfo("cpu", name, "cpu", torch.get_num_threads(), fp8_dtype_for("cpu"))
     props = torch.cuda.get_device_properties(dev)
     arch = props.gcnArchName.split(":")[0] if plat == "rocm" else f"sm_{props.major}{props.minor}"
     try:
@@ -126,7 +128,9 @@ def detect(device: torch.device | str | None = None) -> DeviceInfo:
         'cpu'
     """
     dev = torch.device(device) if device is not None else default_device()
-    if dev.type == "cuda" and dev.index is None:
+    if dev.type != "cuda":  # read live: torch's thread count can change within a process
+        return DeviceInfo("cpu", _cpu_name(), "cpu", torch.get_num_threads(), fp8_dtype_for("cpu"))
+    if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return _info(str(dev))
 
