@@ -97,12 +97,19 @@ def provenance() -> dict[str, object]:
         gdn_lab_dirty: whether `git status --porcelain` lists anything in that checkout (changed,
             staged or untracked files that are not ignored); None when there is no checkout;
         gdn_lab_path: the folder gdn_lab was imported from.
+
+    A copy of a checkout sent elsewhere (a GPU machine that receives the working tree with another
+    checkout's history, or none) states its code with GDN_LAB_COMMIT and GDN_LAB_DIRTY (0/1),
+    which win over what git says there.
     """
     pkg = package_dir()
     commit: str | None = None
     dirty: bool | None = None
     root = _checkout_root(pkg)
-    if root is not None:
+    if os.environ.get("GDN_LAB_COMMIT"):
+        commit = os.environ["GDN_LAB_COMMIT"]
+        dirty = os.environ.get("GDN_LAB_DIRTY") not in (None, "", "0")
+    elif root is not None:
         head = _git(root, "rev-parse", "HEAD")
         commit = head.strip() if head else None
         status = _git(root, "status", "--porcelain")

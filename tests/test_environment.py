@@ -172,3 +172,10 @@ def test_a_vcs_install_reports_the_commit_pip_recorded(monkeypatch):
     assert environment._installed_commit(PACKAGE) is None
     monkeypatch.setattr(importlib.metadata, "distribution", lambda name: _FakeDist(PACKAGE / "__init__.py", None))
     assert environment._installed_commit(PACKAGE) is None
+
+
+def test_a_copy_states_its_commit(monkeypatch):
+    monkeypatch.setenv("GDN_LAB_COMMIT", "0123abcd")
+    monkeypatch.setenv("GDN_LAB_DIRTY", "0")
+    p = environment.provenance()
+    assert p["gdn_lab_commit"] == "0123abcd" and p["gdn_lab_dirty"] is False
