@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -234,13 +234,14 @@ def aiter_dispatch(*, progress: bool = True, **kwargs: Any) -> pd.DataFrame:
 
 
 def aiter_dispatch_by_op(
-    ops: Mapping[str, Mapping[str, Any] | None], *, progress: bool = True, **common: Any
+    ops: Mapping[str, Mapping[str, Any] | Sequence[Mapping[str, Any]] | None], *, progress: bool = True, **common: Any
 ) -> pd.DataFrame:
     """Each op's ruled backends with that op's own cases, in one table.
 
     Args:
         ops: {op: DispatchConfig fields for its backends (targets, batch_sizes, min_context,
-            max_context, new_tokens, backends)}; an op given None is skipped.
+            max_context, new_tokens, trials, backends), or a list of such case sets (e.g. batchmates
+            shorter than the targets, then batchmates of any length)}; an op given None is skipped.
         progress: show a tqdm bar.
         **common: the fields every op shares (seed, device, dtype, kv_dtype, arch, num_cus, attention, trials).
 
@@ -255,7 +256,8 @@ def aiter_dispatch_by_op(
         if not names:
             have = sorted({b.op for b in ruled_backends()})
             raise ValueError(f"ops: {op!r} has no backend that carries a dispatch rule; accepted: {', '.join(have)}")
-        configs.append(DispatchConfig(**{**common, **cases, "backends": cases.get("backends") or names}))
+        for one in [cases] if isinstance(cases, Mapping) else cases:
+            configs.append(DispatchConfig(**{**common, **one, "backends": one.get("backends") or names}))
     parts = [run(cfg, progress=progress) for cfg in configs]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
 

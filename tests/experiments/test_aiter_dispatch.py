@@ -102,3 +102,14 @@ def test_smoke_run_meets_every_prediction(device):
         "1100 (alone: 3d:16seg)"
     ].tolist() == [1, 1]
     assert misses(df).empty
+
+
+@pytest.mark.skipif(not aiter.probe().installed, reason="amd-aiter is not installed")
+def test_an_op_takes_several_case_sets(device):
+    small = {"targets": [20], "batch_sizes": [2], "max_context": 8, "backends": ["aiter-triton-pa"]}
+    df = aiter_dispatch_by_op(
+        {"decode_attention": [small, {**small, "max_context": 40, "trials": 2}]},
+        device=str(device), num_cus=1, progress=False,
+        attention={"num_q_heads": 32, "num_kv_heads": 2, "head_dim": 16},
+    )  # fmt: skip
+    assert len(df) == 3 and sorted(df.trial.tolist()) == [0, 0, 1] and df.batch_max_len.max() > 8
