@@ -28,11 +28,13 @@ bf16 VK state; the query scale K ** -0.5 (the kernel's own). Not picked by `auto
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from gdn_lab import aiter
 from gdn_lab.ops import aiter_native
 from gdn_lab.ops.gdn_decode import OP
 from gdn_lab.routing import LIBRARY_FLYDSL, PRIORITY_AMD, Backend, Check, register
@@ -43,7 +45,17 @@ HEAD_DIM = 128
 DTYPES = (torch.bfloat16, torch.float16)
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 
-available = aiter_native.available(KERNEL, FUNCTION, "AITER's FlyDSL flydsl_gdr_decode")
+_aiter_module = aiter_native.available(KERNEL, FUNCTION, "AITER's FlyDSL flydsl_gdr_decode")
+
+
+def available() -> Check:
+    """ROCm, the flydsl package (PyPI), and aiter's FlyDSL kernel module (imported on the first probe)."""
+    ok, why = _aiter_module()
+    if ok or not aiter.on_rocm():
+        return ok, why
+    if importlib.util.find_spec("flydsl") is None:
+        return False, f"flydsl is not installed (pip install flydsl; aiter pins 0.3.1): {why}"
+    return ok, why
 
 
 def gdn_decode_aiter_flydsl(
