@@ -95,7 +95,9 @@ def test_the_k_split_run_moves_the_bits_exactly_where_the_map_says():
     runs = dm.ksplit_runs(cfg)
     assert list(runs.columns[: len(COLUMNS)]) == COLUMNS
     assert (runs.status == "compared").all() and set(runs.tensor) == {"out", "state"}
-    assert (runs.arch == "gfx942").all() and (runs.backend == "triton").all() and (runs.stands_for == "aiter-flydsl").all()
+    assert (
+        (runs.arch == "gfx942").all() and (runs.backend == "triton").all() and (runs.stands_for == "aiter-flydsl").all()
+    )
     cases = dm.run_cases(runs).set_index("batch_size")
     assert cases.k_split.to_dict() == {1: 16, 2: 16, 3: 8, 4: 8}
     assert cases.expected.to_dict() == {1: "equal", 2: "equal", 3: "switch", 4: "switch"}
