@@ -292,7 +292,8 @@ def ksplit_bits(
     if not (cases.status == "compared").any():
         return _empty(title, f"no run here: {cases.reason.iloc[0]}")
     cases["row"] = cases.arch + " · " + cases.mapped_shape.str.replace(" K=128 V=128", "", regex=False)
-    cases["code"] = cases.prediction.map({o: i for i, o in enumerate(OUTCOMES)})
+    # a batch size SGLang sends to another kernel gets its own color (seaborn leaves NaN cells unlabelled)
+    cases["code"] = cases.prediction.map({o: i for i, o in enumerate(OUTCOMES)}).fillna(len(OUTCOMES))
     cases["label"] = [
         str(int(r.k_split)) if r.status == "compared" else (str(r.route).split(":")[0] if r.route else "")
         for r in cases.itertuples()
@@ -300,15 +301,16 @@ def ksplit_bits(
     codes = cases.pivot_table(index="row", columns="batch_size", values="code", aggfunc="max", sort=False, dropna=False)
     labels = cases.pivot_table(index="row", columns="batch_size", values="label", aggfunc="first", sort=False)
     labels = labels.reindex(index=codes.index, columns=codes.columns)
-    palette = sns.color_palette(["#d8f3dc", "#52b788", "#cfe2ff", "#6ea8fe", "#f2cc60", "#e5534b"])
+    palette = sns.color_palette(["#d8f3dc", "#52b788", "#cfe2ff", "#6ea8fe", "#f2cc60", "#e5534b", "#e6e6e6"])
     fig, ax = plt.subplots(figsize=(max(8.0, 0.7 * codes.shape[1] + 5), 2.0 + 0.3 * len(codes)))
-    sns.heatmap(codes, annot=labels.fillna(""), fmt="", cmap=palette, vmin=-0.5, vmax=len(OUTCOMES) - 0.5,
+    sns.heatmap(codes, annot=labels.fillna(""), fmt="", cmap=palette, vmin=-0.5, vmax=len(OUTCOMES) + 0.5,
                 cbar=False, linewidths=0.5, ax=ax, annot_kws={"fontsize": 7})  # fmt: skip
     ax.set_xlabel("batch size (cell: the k split, or the kernel SGLang takes instead)")
     ax.set_ylabel("")
     ax.set_title(title)
     plt.setp(ax.get_yticklabels(), fontsize=7)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in palette]
-    fig.legend(handles, OUTCOMES, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    names = [*OUTCOMES, "SGLang takes another kernel"]
+    fig.legend(handles, names, loc="lower center", ncol=4, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.08 + 1.0 / (2.0 + 0.3 * len(codes)), 1, 1))
     return fig
