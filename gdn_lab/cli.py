@@ -77,7 +77,10 @@ def _env(args: argparse.Namespace) -> int:
         note = f"  ({notes[k]})" if k in notes else ""
         print(f"  {k:<{width}}  {v}{note}")
     print(f"\nbackends for a small {str(dtype).removeprefix('torch.')} call on {device}")
-    print("(available: imports and platform; covered: this call's shapes and dtypes; * = auto would pick it)")
+    print(
+        "(available: imports and platform; covered: this call's shapes and dtypes; * = auto would pick it; "
+        "rule: the dispatch rule its kernel follows, gdn_lab.rules)"
+    )
     current = None
     for r in rows:
         if r["op"] != current:
@@ -86,7 +89,8 @@ def _env(args: argparse.Namespace) -> int:
         mark = "*" if r["chosen"] else " "
         state = "ok" if r["covered"] else ("not covered" if r["available"] else "unavailable")
         auto = "" if r["auto"] else " [named only]"
-        print(f"  {mark} {r['backend']:<24} {state:<12} {r['reason']}{auto}")
+        rule = f" [rule: {r['rule']}]" if r["rule"] else ""
+        print(f"  {mark} {r['backend']:<24} {state:<12} {r['reason']}{auto}{rule}")
     return 0
 
 

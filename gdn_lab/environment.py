@@ -32,6 +32,7 @@ import torch
 import gdn_lab
 from gdn_lab import aiter
 from gdn_lab.device import device_fields, package_versions
+from gdn_lab.rules import aiter_pa_ragged
 
 # Git variables that would point `git -C <root>` at another repository (set inside git hooks).
 _GIT_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR", "GIT_OBJECT_DIRECTORY")
@@ -165,12 +166,15 @@ def fingerprint(device: torch.device | str | None = None) -> dict[str, object]:
     Returns:
         A flat dict: package versions (python, torch, triton, fla, aiter, flydsl), gdn_lab's
         provenance (`provenance()`), the device's facts (`gdn_lab.device.device_fields`) and
-        AITER's route and emulation (`aiter_fields()`).
+        AITER's route and emulation (`aiter_fields()`), and `aiter_pa_ragged_max_context`: the
+        deployment the `aiter` decode backend runs as (SGLang's context_len, which fixes
+        paged_attention_ragged's max_num_partitions; `gdn_lab.rules.aiter_pa_ragged.deployment`).
     """
     fp: dict[str, object] = dict(package_versions())
     fp.update(provenance())
     fp.update(device_fields(device))
     fp.update(aiter_fields(device))
+    fp["aiter_pa_ragged_max_context"] = aiter_pa_ragged.current_deployment().max_context
     return fp
 
 

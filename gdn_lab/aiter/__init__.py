@@ -7,7 +7,8 @@ One job per module:
 - `emulation`: which AMD device AITER is told about off ROCm: `emulate()`, `current_emulation()`,
   `emulating()`, `effective_arch()`, `effective_num_cus()`, `Emulation`, EMULATED_DEVICES.
 - `loader`: import AITER's kernel modules by that route, reversibly: `load()`, `unload()`,
-  `loaded()`, `current_route()`, `kernel_available()`, `AiterUnavailable`, `Loaded`.
+  `loaded()`, `current_route()`, `kernel_available()`, `AiterUnavailable`, `Loaded`; KERNEL_MODULES
+  names every module the lab calls, ROCM_ONLY those that load on ROCm only.
 - `shims`: the scoped arch/CU/launch-option shims: `shims()`.
 - `wheel`: trim the amd-aiter wheel to its Python package (`python -m gdn_lab.aiter.wheel`); not
   imported here.
@@ -39,6 +40,7 @@ from gdn_lab.aiter.emulation import (
 )
 from gdn_lab.aiter.loader import (
     KERNEL_MODULES,
+    ROCM_ONLY,
     AiterUnavailable,
     Loaded,
     current_route,
@@ -70,6 +72,7 @@ __all__ = [
     "ROUTES",
     "ROUTE_BYPASS",
     "ROUTE_OFFICIAL",
+    "ROCM_ONLY",
     "ROUTE_TRITON_ONLY",
     "WRITTEN_AGAINST",
     "AiterUnavailable",

@@ -1,4 +1,7 @@
-"""Import AITER's Triton kernel modules by the probe's route, once per (arch, interpreter mode), reversibly.
+"""Import AITER's kernel modules by the probe's route, once per (arch, interpreter mode), reversibly.
+
+The portable Triton modules load anywhere Triton runs; the AMD-only ones (ROCM_ONLY: HIP, CK,
+FlyDSL and Gluon kernels) only on ROCm, where the route is AITER's official `import aiter`.
 
 `load(kernel, arch)` imports one of KERNEL_MODULES inside the shims (`gdn_lab.aiter.shims`), by
 the route `gdn_lab.aiter.probe` found: the official `import aiter` on ROCm, `AITER_TRITON_ONLY=1`,
@@ -42,12 +45,28 @@ from gdn_lab.aiter.shims import shims
 from gdn_lab.device import interpreting, triton_mode
 
 # The kernel modules the lab calls, by short name: where amd-aiter 0.1.7 has them, then where
-# later aiter versions moved them (aiter/ops/triton/attention/).
+# later aiter versions moved them (aiter/ops/triton/attention/, aiter/ops/triton/gemm/basic/).
 KERNEL_MODULES = {
+    # AITER's portable Triton kernels: any GPU, and the CPU interpreter, through the shims
     "pa_decode": ("aiter.ops.triton.pa_decode", "aiter.ops.triton.attention.pa_decode"),
     "unified_attention": ("aiter.ops.triton.unified_attention", "aiter.ops.triton.attention.unified_attention"),
     "mha": ("aiter.ops.triton.mha", "aiter.ops.triton.attention.mha"),
+    "gemm_a16w16": ("aiter.ops.triton.gemm_a16w16", "aiter.ops.triton.gemm.basic.gemm_a16w16"),
+    # newer than amd-aiter 0.1.7 (aiter built from source)
+    "gdn_decode_triton": ("aiter.ops.triton._triton_kernels.gated_delta_rule.decode.fused_sigmoid_gating_recurrent",),
+    # AITER's ROCm-only kernels (HIP, CK, FlyDSL, Gluon): imported on ROCm only, by the official route
+    "paged_attention_ragged": ("aiter.ops.attention",),
+    "mha_batch_prefill": ("aiter.ops.mha",),
+    "flydsl_gdr_decode": ("aiter.ops.flydsl.linear_attention_kernels",),
+    "hip_gdn_decode": ("aiter.ops.hip.gated_delta_net.hip_gdn_decode",),
+    "gdn_prefill_vk": ("aiter.ops.triton.gated_delta_net.gated_delta_rule",),
+    "fused_gdn_prefill": ("aiter.ops.triton.gated_delta_net.fused_gdn_prefill_qkvz",),
 }
+# The kernels that run on AMD GPUs only: off ROCm `load` refuses them without importing anything.
+ROCM_ONLY = frozenset(
+    {"paged_attention_ragged", "mha_batch_prefill", "flydsl_gdr_decode", "hip_gdn_decode", "gdn_prefill_vk",
+     "fused_gdn_prefill"}
+)  # fmt: skip
 
 _BYPASS_MARK = "__gdn_lab_init_bypass__"
 
@@ -157,7 +176,8 @@ def load(kernel: str, arch: str | None = None) -> ModuleType:
     TRITON_INTERPRET, unloads everything and imports again.
 
     Args:
-        kernel: a key of KERNEL_MODULES ("pa_decode", "unified_attention", "mha").
+        kernel: a key of KERNEL_MODULES ("pa_decode", "unified_attention", "mha", "gemm_a16w16", ...;
+            those in ROCM_ONLY only on ROCm).
         arch: the emulated arch (default: the current emulation); ignored on ROCm.
 
     Returns:
@@ -165,9 +185,15 @@ def load(kernel: str, arch: str | None = None) -> ModuleType:
 
     Raises:
         ValueError: an unknown kernel or arch.
-        AiterUnavailable: aiter is missing or the module does not import here (the message says why).
+        AiterUnavailable: aiter is missing, the kernel is AMD-only and this is not ROCm, or the
+            module does not import here (the message says why).
     """
     checks.check_choice("kernel", kernel, tuple(KERNEL_MODULES))
+    if kernel in ROCM_ONLY and not on_rocm():
+        raise AiterUnavailable(
+            f"{kernel} is AMD-only (HIP/CK/FlyDSL/Gluon): it runs on ROCm, and this torch has no ROCm "
+            "(torch.version.hip is None)"
+        )
     arch = effective_arch() if arch is None else arch
     if not on_rocm():
         checks.check_choice("arch", arch, tuple(EMULATED_DEVICES))
@@ -254,6 +280,11 @@ def kernel_available(kernel: str, device: torch.device | str | None = None) -> t
     p = probe()
     if not p.installed:
         return False, p.reason
+    if kernel in ROCM_ONLY and not on_rocm():
+        try:
+            load(kernel)
+        except AiterUnavailable as exc:
+            return False, str(exc)
     mode, why = triton_mode(device)
     if mode is None:
         return False, why

@@ -14,6 +14,10 @@ path (the blocks nest):
 - AMD-only launch options: AITER launches kernels with `waves_per_eu`, `matrix_instr_nonkdim`,
   `kpack`, which the CUDA backend rejects; the shim drops them from the launches of AITER's own
   kernel objects (an instance attribute on each, removed on exit), never from other Triton code.
+- `tl.assume` under the interpreter: compiled, an assumption is a hint to the optimizer; the
+  interpreter asserts it. AITER's gemm_a16w16 assumes `stride_ck > 0` while it passes 0 when it
+  does not split K (its pid_k is then 0, so that stride is never used); inside the block the
+  interpreter treats assumptions as the compiler does, as hints.
 
 Nothing here imports aiter or triton at module load; the aiter modules it patches are those the
 loader (`gdn_lab.aiter.loader`) imported.
@@ -129,14 +133,26 @@ def _active_driver(driver_obj: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _assume_as_hint() -> Iterator[None]:
+    """Under the interpreter, `tl.assume` is a hint (as compiled), not an assertion, for the block."""
+    from triton.runtime import interpreter
+
+    def create_assume(self: Any, condition: Any) -> None:
+        return None
+
+    with _patched(interpreter.InterpreterBuilder, "create_assume", create_assume):
+        yield
+
+
+@contextlib.contextmanager
 def shims(arch: str, num_cus: int | None = None, *, need_package: bool = True) -> Iterator[None]:
     """Answer AITER's arch and CU-count questions and drop AMD-only launch options, for the block.
 
     A no-op on ROCm (AITER asks the real device there). Off ROCm it patches, for the block only:
     `arch_info.get_arch` (-> `arch`), `device_info.get_num_sms` and its imported copies in loaded
     aiter modules (-> `num_cus`), Triton's active driver under the interpreter (-> a stub whose
-    target is `hip`/`arch`), and the `run` of each loaded AITER kernel object (drops
-    AMD_ONLY_LAUNCH_OPTIONS). Everything is restored on exit, exceptions included; blocks nest.
+    target is `hip`/`arch`) and the interpreter's `tl.assume` (-> a hint), and the `run` of each
+    loaded AITER kernel object (drops AMD_ONLY_LAUNCH_OPTIONS). Everything is restored on exit, exceptions included; blocks nest.
 
     Args:
         arch: the gfx arch AITER is told.
@@ -151,6 +167,7 @@ def shims(arch: str, num_cus: int | None = None, *, need_package: bool = True) -
     with contextlib.ExitStack() as stack:
         if interpreting():
             stack.enter_context(_active_driver(_stub_driver(arch)))
+            stack.enter_context(_assume_as_hint())
         if need_package or "aiter" in sys.modules:
             arch_info = importlib.import_module(ARCH_INFO)
             device_info = importlib.import_module(DEVICE_INFO)

@@ -39,7 +39,7 @@ import torch
 from gdn_lab import aiter, checks, routing
 from gdn_lab.experiments import common
 from gdn_lab.experiments.common import fmt_list, max_abs
-from gdn_lab.experiments.config import ExperimentConfig, check, positive, positive_ints, shape_of
+from gdn_lab.experiments.config import ExperimentConfig, check, known_op, positive, positive_ints, shape_of
 from gdn_lab.experiments.loop import Case, Comparison, Metrics, alone_vs_batched, frame, run_backend
 from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
 from gdn_lab.ops import spec as op_spec
@@ -107,6 +107,8 @@ class DispatchConfig(ExperimentConfig):
     """One predicted-vs-measured experiment.
 
     Attributes:
+        op: only this op's backends (None: every op's); backend names repeat across ops (`aiter`
+            is paged_attention_ragged for decode_attention and mha_batch_prefill for prefill_attention).
         backends: backends that carry a rule (None: all of them); each runs on its own op.
         targets: target context lengths (prefill: the target's tokens, all new unless new_tokens).
         batch_sizes: batch sizes the target is placed in (at a seeded random position).
@@ -120,6 +122,7 @@ class DispatchConfig(ExperimentConfig):
     """
 
     dtype: str = "float16"
+    op: str | None = field(default=None, metadata=check(known_op))
     backends: tuple[str, ...] | None = field(default=None, metadata=check(_ruled_names))
     targets: tuple[int, ...] = field(default=(1, 1024, 1025, 4000), metadata=check(positive_ints))
     batch_sizes: tuple[int, ...] = field(default=(2, 16, 17, 64), metadata=check(positive_ints))
@@ -153,7 +156,7 @@ class DispatchConfig(ExperimentConfig):
         }
 
     def chosen(self) -> list[routing.Backend]:
-        ruled = ruled_backends()
+        ruled = ruled_backends(self.op)
         return ruled if self.backends is None else [b for b in ruled if b.name in self.backends]
 
     def cases(self) -> list[Case]:
@@ -257,7 +260,7 @@ def aiter_dispatch_by_op(
             have = sorted({b.op for b in ruled_backends()})
             raise ValueError(f"ops: {op!r} has no backend that carries a dispatch rule; accepted: {', '.join(have)}")
         for one in [cases] if isinstance(cases, Mapping) else cases:
-            configs.append(DispatchConfig(**{**common, **one, "backends": one.get("backends") or names}))
+            configs.append(DispatchConfig(**{**common, **one, "op": op, "backends": one.get("backends") or names}))
     parts = [run(cfg, progress=progress) for cfg in configs]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
 

@@ -205,3 +205,112 @@ def dispatch_heatmaps(df: pd.DataFrame, title: str = "AITER dispatch: predicted 
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
+
+
+def _short_kernel(kernel: str) -> str:
+    return kernel.split(" (")[0]
+
+
+@_styled(style="white")
+def dispatch_switch_map(
+    map_df: pd.DataFrame, title: str = "Batch sizes where a request's numerics change (by the rules)"
+) -> Figure:
+    """One row per (model, op, kernel), one column per (arch, TP): how many batch sizes in 1..max_batch
+    change the request's numerics key (0: batch invariant by the rules; blank: not mapped there).
+
+    Cells show the first such batch size. Args: `gdn_lab.experiments.dispatch_map.map_table(...)`.
+    """
+    if map_df.empty:
+        return _empty(title, "nothing mapped")
+    df = map_df.assign(
+        row=map_df.model + " · " + map_df.op + ": " + map_df.kernel.map(_short_kernel),
+        col=map_df.arch + " TP" + map_df.tp.astype(str),
+    )
+    switches = df.groupby(["row", "col"], sort=False).numerics_switch_batch_sizes.agg(
+        lambda lists: sorted({int(b) for lst in lists for b in lst})
+    )
+    counts = switches.map(len).unstack("col")
+    labels = switches.map(lambda s: str(s[0]) if s else "–").unstack("col")
+    cols = [c for a in dict.fromkeys(df.arch) for c in dict.fromkeys(df.col) if c.startswith(a)]
+    counts, labels = counts.reindex(columns=cols), labels.reindex(columns=cols)
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.0 * len(cols) + 6), 1.0 + 0.32 * len(counts)))
+    sns.heatmap(counts, annot=labels.fillna(""), fmt="", cmap="Reds", vmin=0, cbar_kws={"label": "switch batch sizes"},
+                linewidths=0.5, ax=ax, annot_kws={"fontsize": 7})  # fmt: skip
+    ax.set_xlabel("arch, tensor-parallel size (cell: first batch size whose numerics change)")
+    ax.set_ylabel("")
+    ax.set_title(title)
+    plt.setp(ax.get_yticklabels(), fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+@_styled
+def flydsl_wtk_steps(
+    long_df: pd.DataFrame, title: str = "FlyDSL's WARP_THREADS_K by batch size (SGLang's GDN decode)"
+) -> Figure:
+    """WARP_THREADS_K against batch size, one panel per (model, arch), one line per TP.
+
+    Batch sizes SGLang routes to HIP or Triton are gaps (no FlyDSL K split there).
+    Args: `gdn_lab.experiments.dispatch_map.long_table(...)` (its gdn_decode rows are used).
+    """
+    dec = long_df[long_df.op == "gdn_decode"]
+    if dec.empty:
+        return _empty(title, "no GDN model mapped")
+    dec = dec.assign(
+        wtk=dec.key.map(lambda k: float(k.split("=")[1]) if k.startswith("flydsl:wtk=") else float("nan")),
+        TP=dec.tp.astype(str),
+    )
+    g = sns.relplot(data=dec, x="batch_size", y="wtk", hue="TP", row="model", col="arch", kind="line",
+                    drawstyle="steps-post", height=2.2, aspect=2.2, facet_kws={"sharey": True})  # fmt: skip
+    for ax in g.axes.flat:
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%d"))
+        ax.set_yticks([4, 8, 16, 32])
+    g.set_axis_labels("batch size", "WARP_THREADS_K")
+    g.set_titles("{row_name} · {col_name}")
+    g.figure.suptitle(title)
+    g.figure.tight_layout()
+    return g.figure
+
+
+@_styled(style="white")
+def ksplit_bits(
+    runs: pd.DataFrame, title: str = "The target's bits under FlyDSL's K split (lab Triton decode)"
+) -> Figure:
+    """One row per (arch, mapped GDN shape), one column per batch size: how the target (its output
+    row and state slot) met the prediction (colors of `aiter_dispatch.OUTCOMES`); cells show the
+    k split, or the kernel SGLang takes there instead of FlyDSL.
+
+    Args: `gdn_lab.experiments.dispatch_map.ksplit_runs(...)`.
+    """
+    from gdn_lab.experiments.aiter_dispatch import OUTCOMES
+    from gdn_lab.experiments.dispatch_map import run_cases
+
+    cases = run_cases(runs)
+    if cases.empty:
+        return _empty(title, "no run")
+    if not (cases.status == "compared").any():
+        return _empty(title, f"no run here: {cases.reason.iloc[0]}")
+    cases["row"] = cases.arch + " · " + cases.mapped_shape.str.replace(" K=128 V=128", "", regex=False)
+    # a batch size SGLang sends to another kernel gets its own color (seaborn leaves NaN cells unlabelled)
+    cases["code"] = cases.prediction.map({o: i for i, o in enumerate(OUTCOMES)}).fillna(len(OUTCOMES))
+    cases["label"] = [
+        str(int(r.k_split)) if r.status == "compared" else (str(r.route).split(":")[0] if r.route else "")
+        for r in cases.itertuples()
+    ]
+    codes = cases.pivot_table(index="row", columns="batch_size", values="code", aggfunc="max", sort=False, dropna=False)
+    labels = cases.pivot_table(index="row", columns="batch_size", values="label", aggfunc="first", sort=False)
+    labels = labels.reindex(index=codes.index, columns=codes.columns)
+    palette = sns.color_palette(["#d8f3dc", "#52b788", "#cfe2ff", "#6ea8fe", "#f2cc60", "#e5534b", "#e6e6e6"])
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.7 * codes.shape[1] + 5), 2.0 + 0.3 * len(codes)))
+    sns.heatmap(codes, annot=labels.fillna(""), fmt="", cmap=palette, vmin=-0.5, vmax=len(OUTCOMES) + 0.5,
+                cbar=False, linewidths=0.5, ax=ax, annot_kws={"fontsize": 7})  # fmt: skip
+    ax.set_xlabel("batch size (cell: the k split, or the kernel SGLang takes instead)")
+    ax.set_ylabel("")
+    ax.set_title(title)
+    plt.setp(ax.get_yticklabels(), fontsize=7)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in palette]
+    names = [*OUTCOMES, "SGLang takes another kernel"]
+    fig.legend(handles, names, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.08 + 1.0 / (2.0 + 0.3 * len(codes)), 1, 1))
+    return fig

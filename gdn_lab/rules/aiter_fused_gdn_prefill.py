@@ -13,6 +13,7 @@ arithmetic, so a sequence's bits follow what it is batched with.
   caller such as SGLang falls back to the unfused chain).
 - `schedule` is the tile's batch-dependent choices: chunk size, V tile, scan structure.
 - `predict` says whether a target computed alone and inside a batch takes two schedules.
+- `RULE` is the DispatchRule the `aiter-fused` backend carries (its key: the whole schedule).
 - `control_chunk_size` is the lab's control rule: the chunk size of `schedule` with (tokens, batch)
   clamped into the covered range, so the controls `triton-chunk-by-batch` and
   `triton-fused-tiles-by-batch` follow the rule on any shape, tiny CPU ones included.
@@ -27,6 +28,9 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gdn_lab import checks
+from gdn_lab.rules.base import Predicted
 
 MIN_TOKENS, MAX_TOKENS, MAX_BATCH = 1024, 16384, 64
 
@@ -186,3 +190,40 @@ def control_differs(target_tokens: int, total_tokens: int, batch: int) -> bool:
     """
     chunks = control_chunk_size(target_tokens, 1), control_chunk_size(total_tokens, batch)
     return chunks[0] != chunks[1] and target_tokens > min(chunks)
+
+
+def schedule_key(s: Schedule | None) -> str:
+    """A schedule as the numerics key of its launch ("unfused" outside the covered range)."""
+    return "unfused" if s is None else f"{s.tile} chunk={s.chunk_size} vtile={s.value_tile} {s.scan}"
+
+
+@dataclass(frozen=True)
+class FusedGdnPrefillRule:
+    """The DispatchRule of `fused_gdn_prefill_qkvz`'s schedule, for a validated gdn_layer_prefill call.
+
+    The launch is the call's total tokens (projected_qkvz.shape[0]) and sequences (cu_seqlens);
+    every sequence of one launch shares its schedule, which is its numerics key.
+    """
+
+    name: str = "aiter_fused_gdn_prefill"
+    source: str = (
+        "aiter PR #5606 aiter/ops/triton/gated_delta_net/fused_gdn_prefill_qkvz.py::_select_tile_key "
+        "+ _gdn_prefill_launch_<tile>.py"
+    )
+
+    def predict(self, args, request: int, env) -> Predicted:
+        """The schedule of the call `args`, seen from sequence `request`."""
+        cu = checks.host_ints(args["cu_seqlens"])
+        batch = len(cu) - 1
+        if not isinstance(request, int) or isinstance(request, bool) or not 0 <= request < batch:
+            raise ValueError(f"request: expected a sequence index in [0, {batch}), got {request!r}")
+        tokens = int(args["projected_qkvz"].shape[0])
+        key = schedule_key(schedule(tokens, batch))
+        return Predicted(key, key, f"{tokens} tokens in {batch} sequences: {key}")
+
+    def expect(self, alone_key: str, batched_key: str) -> str:
+        """ "equal" for the same schedule, else "switch" (another chunk size, V tile or scan)."""
+        return "equal" if alone_key == batched_key else "switch"
+
+
+RULE = FusedGdnPrefillRule()

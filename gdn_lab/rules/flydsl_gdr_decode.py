@@ -14,6 +14,7 @@ fp32 or bf16 state, and (HK, HV) in (2,8) (4,8) (4,16) (8,16) (8,32) (16,32) (16
 
 - `warp_threads_k` predicts what AITER does: the tuned row, or the default 8 for any shape, dtype
   or batch the table lacks (such calls are batch invariant on AMD).
+- `RULE` is the DispatchRule the `aiter-flydsl` backend carries (its key: the WARP_THREADS_K).
 - `control_prediction` is the lab's control rule: for a shape the table lacks it reads the rule
   of the nearest tuned shape, so a control built on it varies with the batch on every shape. Its
   `note` says when it did so.
@@ -35,9 +36,12 @@ from pathlib import Path
 
 import torch
 
+from gdn_lab.rules.base import Predicted
+
 ARCHS = ("gfx942", "gfx950")
 DEFAULT_ARCH = "gfx950"
 DEFAULT_WTK = 8  # AITER's untuned WARP_THREADS_K
+DEFAULT_NUM_WARPS, DEFAULT_V_BLOCKS = 4, 1  # AITER's untuned NUM_WARPS and NUM_BLOCKS_PER_V_DIM
 MAX_DURATION = 10000.0  # AITER ignores rows whose measured duration is at or above this
 TABLE_PATH = Path(__file__).resolve().parents[2] / "data" / "aiter" / "gdr_decode_tuned.csv"
 
@@ -283,3 +287,39 @@ def control_prediction(
         batches = tuned_batches(arch, shape, path)
         note = f"{arch} b={batch_size}: AITER's default WTK {DEFAULT_WTK}, the table's batches for the {where} are {batches[0]}..{batches[-1]}"
     return Prediction(wtk, row, shape, exact, note)
+
+
+@dataclass(frozen=True)
+class FlydslGdrDecodeRule:
+    """The DispatchRule of `flydsl_gdr_decode`'s tuned config, for a validated gdn_decode call.
+
+    The launch's batch size is the call's B (q.shape[0]); the table is keyed by q's dtype and the
+    state's (AITER's `str(torch.dtype)`), query length 1. The numerics key is the WARP_THREADS_K
+    (NUM_WARPS and NUM_BLOCKS_PER_V_DIM only re-tile V, so they are in the variant, not the key).
+    """
+
+    name: str = "flydsl_gdr_decode"
+    source: str = (
+        "aiter e4048607 aiter/ops/flydsl/linear_attention_kernels.py::get_default_kwargs + gdr_decode_tuned.csv"
+    )
+
+    def predict(self, args, request: int, env) -> Predicted:
+        """The tuned config of the call `args` (gdn_decode's validated arguments), seen from row `request`."""
+        q, v, state = args["q"], args["v"], args["state"]
+        batch = q.shape[0]
+        if not isinstance(request, int) or isinstance(request, bool) or not 0 <= request < batch:
+            raise ValueError(f"request: expected a row index in [0, {batch}), got {request!r}")
+        wtk, row = warp_threads_k(env.arch, batch, q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype, state.dtype)
+        warps = row.num_warps if row else DEFAULT_NUM_WARPS
+        vblocks = row.num_blocks_per_v_dim if row else DEFAULT_V_BLOCKS
+        where = f"tuned line {row.line}" if row else f"AITER's default (no tuned row for batch {batch} on {env.arch})"
+        return Predicted(
+            f"wtk={wtk} warps={warps} vblocks={vblocks}", f"wtk={wtk}", f"WARP_THREADS_K {wtk} from {where}"
+        )
+
+    def expect(self, alone_key: str, batched_key: str) -> str:
+        """ "equal" for the same WARP_THREADS_K, else "switch" (another order of the K = 128 sums)."""
+        return "equal" if alone_key == batched_key else "switch"
+
+
+RULE = FlydslGdrDecodeRule()

@@ -28,8 +28,13 @@ from gdn_lab.experiments.table import COLUMNS
 
 SMOKE = dict(
     ops={
-        "decode_attention": {"targets": [20, 1100], "batch_sizes": [2, 17], "max_context": 64},
-        "prefill_attention": {"targets": [20], "batch_sizes": [2], "max_context": 16},
+        "decode_attention": {
+            "targets": [20, 1100],
+            "batch_sizes": [2, 17],
+            "max_context": 64,
+            "backends": ["aiter-triton-pa", "aiter-triton-unified"],
+        },
+        "prefill_attention": {"targets": [20], "batch_sizes": [2], "max_context": 16, "backends": ["aiter-triton-mha"]},
     },
     num_cus=1,
     attention={"num_q_heads": 32, "num_kv_heads": 2, "head_dim": 16},
@@ -59,7 +64,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="max_context"):
         DispatchConfig(min_context=10, max_context=5)
     with pytest.raises(ValueError, match="no backend that carries a dispatch rule"):
-        aiter_dispatch_by_op({"gdn_prefill": {}})
+        aiter_dispatch_by_op({"rms_norm": {}})
     assert (
         DispatchConfig(attention={"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16}).shapes["attention"]["page_size"]
         == 16
@@ -68,7 +73,8 @@ def test_config_validation():
 
 def test_ruled_backends_are_found_through_their_metadata():
     names = {b.name for b in ruled_backends()}
-    assert {"aiter-triton-pa", "aiter-triton-unified", "aiter-triton-mha"} <= names
+    assert {"aiter-triton-pa", "aiter-triton-unified", "aiter-triton-mha", "aiter-triton-gemm"} <= names
+    assert {"aiter", "aiter-flydsl", "sglang-aiter", "aiter-vk", "aiter-fused"} <= names
     assert all(b.rule.source and b.library.amd for b in ruled_backends())
 
 

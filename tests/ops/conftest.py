@@ -98,3 +98,64 @@ def build_args(
 def attention_args():
     """`build_args` as a fixture: attention_args(op, reqs, heads, **options) -> validated args."""
     return build_args
+
+
+class KernelDouble:
+    """A test double standing in for one AITER function, passed through an adapter's `kernel=` seam.
+
+    It has the documented signature (a stub function with AITER's parameter list, defaults
+    included), binds every call to it, so an argument passed in the wrong position lands on the
+    wrong name, records the bound arguments and how many came positionally, and, when given an
+    `emulate` function, computes the documented result from those arguments alone (so the
+    adapter's output can be compared with the op's reference: wrong marshalling gives a wrong
+    answer).
+    """
+
+    def __init__(self, documented, emulate=None):
+        import inspect
+
+        self.signature = inspect.signature(documented)
+        self.emulate = emulate
+        self.calls: list[dict] = []
+        self.positional: list[int] = []
+
+    def __call__(self, *args, **kwargs):
+        bound = self.signature.bind(*args, **kwargs)  # TypeError for an undocumented argument
+        bound.apply_defaults()
+        self.calls.append(dict(bound.arguments))
+        self.positional.append(len(args))
+        return self.emulate(**bound.arguments) if self.emulate else None
+
+    @property
+    def call(self) -> dict:
+        assert len(self.calls) == 1, f"expected one call, got {len(self.calls)}"
+        return self.calls[0]
+
+
+@pytest.fixture
+def kernel_double():
+    """`KernelDouble` as a fixture: kernel_double(documented_stub, emulate=None)."""
+    return KernelDouble
+
+
+@pytest.fixture
+def gdn_decode_args():
+    """gdn_decode_args(batch, heads=(HK, HV, D), dtype, bf16_gates=False, seed=0) -> validated arguments.
+
+    bf16_gates: dt_bias stored in bfloat16 (as a bf16 checkpoint holds it); otherwise float32 values
+    that bfloat16 represents exactly, so an adapter's cast to bf16 changes nothing.
+    """
+    from gdn_lab.ops import spec
+    from gdn_lab.ops.batch import BuildOptions, GDNShape
+    from gdn_lab.workloads import build, make_batch, target_request
+
+    def make(batch, heads=(2, 8, 128), dtype=torch.bfloat16, bf16_gates=False, seed=0):
+        hk, hv, d = heads
+        target = target_request(1, seed)
+        args = build("gdn_decode", make_batch(target, batch, seed=seed, max_len=1), GDNShape(hk, hv, d),
+                     BuildOptions(dtype=dtype))  # fmt: skip
+        dt = args["dt_bias"].to(torch.bfloat16)
+        args["dt_bias"] = dt if bf16_gates else dt.float()
+        return spec.get("gdn_decode").validate(**{k: v for k, v in args.items() if k not in ("scale",)})
+
+    return make

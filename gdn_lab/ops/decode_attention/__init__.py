@@ -2,7 +2,7 @@
 
 The op's folder: this spec (validation, the public function, an example call, the workload
 builder, row views and tolerances), the PyTorch references (`reference.py`) and one file per
-library with its backends (`triton.py`, `aiter_triton.py`).
+library with its backends (`triton.py`, `aiter_triton.py`, `aiter.py`).
 """
 
 from __future__ import annotations
@@ -198,4 +198,4 @@ register(
     )
 )
 
-from gdn_lab.ops.decode_attention import aiter_triton, triton  # noqa: E402, F401  (their backends)
+from gdn_lab.ops.decode_attention import aiter, aiter_triton, triton  # noqa: E402, F401  (their backends)

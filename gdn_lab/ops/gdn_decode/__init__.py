@@ -1,7 +1,8 @@
 """gdn_decode: one gated-delta-rule step per request, recurrent state updated in place.
 
 The op's folder: this spec, the PyTorch reference (`reference.py`) and one file per library with
-its backends (`triton.py`, `fla.py`).
+its backends (`triton.py`, `fla.py`; AMD's: `aiter.py` HIP, `flydsl.py`, `aiter_triton.py`, and
+`sglang.py`, SGLang's routing among those three).
 """
 
 from __future__ import annotations
@@ -191,4 +192,4 @@ register(
     )
 )
 
-from gdn_lab.ops.gdn_decode import fla, triton  # noqa: E402, F401  (their backends)
+from gdn_lab.ops.gdn_decode import aiter, aiter_triton, fla, flydsl, sglang, triton  # noqa: E402, F401  (their backends)

@@ -1,7 +1,7 @@
 """gdn_layer_prefill: the whole GDN prefill chain, as one op the unfused chain and fused kernels share.
 
 The op's folder: this spec, the unfused torch chain (`reference.py`) and one file per library with
-its backends (`triton.py`: the fused Triton chain).
+its backends (`triton.py`: the fused Triton chain; `aiter.py`: AITER's fused gfx950 kernel).
 """
 
 from __future__ import annotations
@@ -290,4 +290,4 @@ register(
     )
 )
 
-from gdn_lab.ops.gdn_layer_prefill import triton  # noqa: E402, F401  (its backends)
+from gdn_lab.ops.gdn_layer_prefill import aiter, triton  # noqa: E402, F401  (their backends)

@@ -1,7 +1,7 @@
 """gdn_prefill: the gated delta rule over varlen sequences, from and into a state pool.
 
 The op's folder: this spec, the PyTorch references (`reference.py`) and one file per library with
-its backends (`triton.py`, `fla.py`).
+its backends (`triton.py`, `fla.py`, `aiter.py`).
 """
 
 from __future__ import annotations
@@ -212,4 +212,4 @@ register(
     )
 )
 
-from gdn_lab.ops.gdn_prefill import fla, triton  # noqa: E402, F401  (their backends)
+from gdn_lab.ops.gdn_prefill import aiter, fla, triton  # noqa: E402, F401  (their backends)

@@ -1,12 +1,13 @@
 """matmul: x [M, K] @ w [K, N], the projection of a model layer, with batch-invariant and variant backends.
 
-The op's folder: this spec (with the torch backends), the reference (`reference.py`) and our
-Triton kernels (`triton.py`).
+The op's folder: this spec (with the torch backends), the reference (`reference.py`), our
+Triton kernels (`triton.py`) and AITER's Triton gemm_a16w16 (`aiter_triton.py`).
 
 A row of the output must not depend on how many rows (tokens) are multiplied with it. cuBLAS
 picks its kernel, tiles and split-K from M, so `torch.matmul` is the batch-variant control
 (`torch-native`); our Triton kernel (`triton`) keeps one tile configuration per dtype and never
-splits K.
+splits K. AITER's `gemm_a16w16` (`aiter-triton-gemm`) picks its tiles from JSON tables keyed by M,
+so like cuBLAS it can change a row's bits as the batch grows.
 """
 
 from __future__ import annotations
@@ -118,4 +119,4 @@ register(
     )
 )
 
-from gdn_lab.ops.matmul import triton  # noqa: E402, F401  (its backends)
+from gdn_lab.ops.matmul import aiter_triton, triton  # noqa: E402, F401  (their backends)

@@ -1,7 +1,7 @@
 """prefill_attention: varlen (token-packed) attention of new tokens over a paged KV cache.
 
 The op's folder: this spec, the PyTorch reference (`reference.py`) and one file per library with
-its backends (`triton.py`, `aiter_triton.py`).
+its backends (`triton.py`, `aiter_triton.py`, `aiter.py`).
 """
 
 from __future__ import annotations
@@ -195,4 +195,4 @@ register(
     )
 )
 
-from gdn_lab.ops.prefill_attention import aiter_triton, triton  # noqa: E402, F401  (their backends)
+from gdn_lab.ops.prefill_attention import aiter, aiter_triton, triton  # noqa: E402, F401  (their backends)
