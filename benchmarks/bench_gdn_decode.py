@@ -21,7 +21,10 @@ L2 (`fits_l2`), so small batches can run above the HBM roofline.
 Beside the timings the CSV has: correctness against fla and the torch reference; bitwise
 invariance of one request alone vs inside batches for `triton`, each fixed k_split, the control
 and fla; whether k_split and the V tiling change bits on this GPU (the known-variant check); a
-config sweep; and the host-side cost of validation and routing. Every row carries the environment
+config sweep; the host-side cost of validation and routing; and `host` rows: host microseconds per
+eager call of Triton's bare launch, the compiled kernel's launcher, the wrapper (cached launch and
+`kernel[grid]`) and the public path with full validation, per B, with `public triton - bare`
+against the issue's <= 10 us target. Every row carries the environment
 fingerprint. Run from the repository root:
 
     python3 benchmarks/bench_gdn_decode.py --out OUT_DIR           # the H200 run (~2 minutes)
@@ -460,6 +463,107 @@ class Bench:
             self.row(kind="overhead", impl=name, mode="host", HK=hk, HV=hv, K=d, V=d, B=1, us=us, dtype="bfloat16")
             print(f"host {name:32s} {us:7.2f} us", flush=True)
 
+    def host_rows(self, hk: int, hv: int, batches: list[int]) -> None:
+        """Host time per eager call of each layer of the op path, and the public path above the bare launch.
+
+        Per B, with the inputs of one decode step (the same slots tensor every call, as a decode
+        loop passes it), host microseconds per call of: `bare` (`_gdn_decode_kernel[grid](...)`
+        with its arguments built beforehand: Triton's own launch), `compiled` (the compiled
+        kernel's launcher, `CompiledKernel.run`, with the same arguments: the floor), the wrapper
+        `gdn_decode_triton` with the cached launch and with `kernel[grid]`, and the public
+        `gdn_decode(..., backend="triton")` and `backend="auto"` with full validation
+        (check_indices=True). Each figure: median over rounds of a run of calls timed on the host
+        without synchronising (the GPU queue absorbs them: at these B a kernel takes less GPU time
+        than its launch takes host time), the queue drained between rounds. `host_us_above_bare`
+        = public(triton) - bare, against the issue's 10 us.
+        """
+        for B in batches:
+            self._host_case(hk, hv, B)
+
+    def _host_case(self, hk: int, hv: int, B: int) -> None:
+        import statistics
+
+        d = self.args.head_dim
+        rounds, calls = (2, 3) if self.args.smoke else (15, 200)
+        case = make_case(B, hk, hv, d, self.device, self.args.seed)
+        args = self.validated(case)
+        raw = {k: args[k] for k in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "slots")}
+        kargs, grid, warps = self._kernel_args(args)
+        kernel = self.td._gdn_decode_kernel
+        compiled = kernel[grid](*kargs, num_warps=warps)
+        gdn_decode = self.decode.function
+
+        def cached_wrapper(on):
+            def run():
+                prev, self.td.CACHED_LAUNCH = self.td.CACHED_LAUNCH, on
+                try:
+                    return self.td.gdn_decode_triton(**args)
+                finally:
+                    self.td.CACHED_LAUNCH = prev
+
+            return run
+
+        runs = {
+            "bare kernel[grid]": lambda: kernel[grid](*kargs, num_warps=warps),
+            "wrapper (cached launch)": cached_wrapper(True),
+            "wrapper (kernel[grid])": cached_wrapper(False),
+            "public triton": lambda: gdn_decode(**raw, backend="triton"),
+            "public auto": lambda: gdn_decode(**raw),
+        }
+        if compiled is not None and hasattr(compiled, "packed_metadata"):
+            from triton.runtime import driver
+
+            def floor():
+                dev = driver.active.get_current_device()
+                compiled.run(*grid, driver.active.get_current_stream(dev), compiled.function,
+                             compiled.packed_metadata, None, None, None, *kargs)  # fmt: skip
+
+            runs["compiled launcher"] = floor
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for fn in runs.values():
+            for _ in range(3):
+                fn()
+        for _ in range(rounds):
+            for name, fn in runs.items():
+                sync(self.device)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                times[name].append((time.perf_counter() - t0) * 1e6 / calls)
+        sync(self.device)
+        med = {name: statistics.median(ts) for name, ts in times.items()}
+        base = {"kind": "host", "mode": "eager", "HK": hk, "HV": hv, "K": d, "V": d, "B": B, "dtype": "bfloat16"}
+        for name, us in med.items():
+            self.row(impl=name, us=us, note="host us per call (median of rounds)", **base)
+        above = med["public triton"] - med["bare kernel[grid]"]
+        self.row(
+            impl="public triton - bare", us=above, target="<=10 us host above bare launch",
+            target_met=above <= 10.0, note=f"check_indices=True; wrapper cached {med['wrapper (cached launch)']:.1f} us"
+            f" vs kernel[grid] {med['wrapper (kernel[grid])']:.1f} us", **base,
+        )  # fmt: skip
+        print(
+            f"host B={B:5d} " + "  ".join(f"{n}={us:.1f}" for n, us in med.items()) + f"  above_bare={above:.1f} us",
+            flush=True,
+        )
+
+    def _kernel_args(self, args: dict) -> tuple[tuple, tuple, int]:
+        """The kernel's positional arguments for validated `args` (as the wrapper builds them)."""
+        td = self.td
+        q, v, state = args["q"], args["v"], args["state"]
+        B, HK, K = q.shape
+        HV, V = v.shape[1], v.shape[2]
+        padded_k = td.pow2_at_least(K, floor=1)
+        ks = td.default_k_split(K)
+        BV = min(td.DEFAULT_BLOCK_V, td.pow2_at_least(V, floor=1))
+        NV = -(-V // BV)
+        out = torch.empty((B, HV, V), dtype=q.dtype, device=q.device)
+        kargs = (
+            q, args["k"], v, args["a"], args["b"], args["A_log"], args["dt_bias"], state, args["slots"], out,
+            float(args["scale"]), HK, HV, K, V, BV, NV, ks, padded_k // ks, args["use_qk_l2norm"],
+            td.L2NORM_EPS, td.SOFTPLUS_THRESHOLD,
+        )  # fmt: skip
+        return kargs, (B * HV * NV, 1, 1), td.DEFAULT_NUM_WARPS
+
     def write(self, out_dir: Path) -> Path:
         return write_csv(self.rows, COLUMNS + [f"env_{k}" for k in self.fp], out_dir, CSV_NAME)
 
@@ -473,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     first = args.shapes[0]
     bench.overhead_rows(*first)
+    bench.host_rows(*first, [2] if args.smoke else [1, 8, 32, 64])
     for hk, hv in args.shapes:
         for B in args.batches:
             bench.timing_rows(hk, hv, B)
@@ -486,8 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     errors = [r for r in bench.rows if r["kind"] == "error"]
     print(f"\nwrote {len(bench.rows)} rows to {path} in {time.time() - t0:.0f} s; {len(errors)} errors")
     for r in met:
+        value = f"{r['us']:.1f} us" if r["kind"] == "host" else f"x{r['ratio_vs_fla']:.2f}"
         print(
-            f"target {r['target']:28s} HK/HV {r['HK']}/{r['HV']} B={r['B']:5d} {r['impl']:15s} x{r['ratio_vs_fla']:.2f} met={r['target_met']}"
+            f"target {r['target']:30s} HK/HV {r['HK']}/{r['HV']} B={r['B']:5d} {r['impl']:20s} {value} met={r['target_met']}"
         )
     for r in errors:
         print(f"error {r['impl']} B={r['B']}: {r['note']}")

@@ -133,10 +133,14 @@ def lazy(module: str, attr: str) -> Callable[..., Any]:
     """A callable that imports `module` on first use: kernel modules (Triton, AITER) stay unimported
     until a call runs, so importing gdn_lab has no side effects and TRITON_INTERPRET can be set late."""
 
-    def call(*args: Any, **kwargs: Any) -> Any:
-        import importlib
+    resolved: list[Callable[..., Any]] = []  # the function, once imported (the eager hot path)
 
-        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not resolved:
+            import importlib
+
+            resolved.append(getattr(importlib.import_module(module), attr))
+        return resolved[0](*args, **kwargs)
 
     call.__qualname__ = f"lazy({module}.{attr})"
     return call
@@ -156,6 +160,10 @@ class NotCovered(RuntimeError):
 
 
 _REGISTRY: dict[str, dict[str, Backend]] = {}
+# Per op, derived from the registry: (the ids of its backends, the auto order, the rejection reasons
+# of the backends that never run unnamed). Recomputed whenever the op's backends change (however
+# the registry was changed); the cached lists hold the backends, so their ids cannot be reused.
+_ORDER: dict[str, tuple[tuple[int, ...], list[Backend], dict[str, str]]] = {}
 
 
 def register(backend: Backend) -> Backend:
@@ -179,10 +187,31 @@ def ops() -> list[str]:
 
 def backends(op: str) -> list[Backend]:
     """The op's backends in auto order (explicit-only backends last)."""
-    if op not in _REGISTRY:
+    return list(_order(op))
+
+
+def _order(op: str) -> list[Backend]:
+    """The auto order (cached; do not mutate: `backends` returns a copy)."""
+    return _derived(op)[1]
+
+
+def _named_only(op: str) -> dict[str, str]:
+    """Rejection reasons of the backends outside the auto order (cached; copy before changing)."""
+    return _derived(op)[2]
+
+
+def _derived(op: str) -> tuple[tuple[int, ...], list[Backend], dict[str, str]]:
+    reg = _REGISTRY.get(op)
+    if reg is None:
         raise ValueError(f"op: {op!r} is not known; accepted: {', '.join(_REGISTRY)}")
-    regs = list(_REGISTRY[op].values())
-    return sorted(regs, key=lambda b: (not b.auto, b.priority))
+    ids = tuple(map(id, reg.values()))
+    hit = _ORDER.get(op)
+    if hit is not None and hit[0] == ids:
+        return hit
+    order = sorted(reg.values(), key=lambda b: (not b.auto, b.priority))
+    named = {b.name: "runs only when named (not in the auto order)" for b in order if not b.auto}
+    _ORDER[op] = (ids, order, named)
+    return _ORDER[op]
 
 
 def backend_names(op: str) -> list[str]:
@@ -237,8 +266,8 @@ def decide(op: str, args: Mapping[str, Any], backend: str = "auto") -> Decision:
         if not cov[0]:
             return Decision(op, backend, None, f"not covered: {cov[1]}")
         return Decision(op, backend, b, cov[1])
-    rejected = {b.name: "runs only when named (not in the auto order)" for b in backends(op) if not b.auto}
-    for b in backends(op):
+    rejected = dict(_named_only(op))
+    for b in _order(op):
         if not b.auto:
             continue
         avail, cov = b.check(args)

@@ -70,6 +70,46 @@ def online_softmax_block(
     return b_m_new, b_l, b_o
 
 
+@triton.jit
+def block_softmax_state(b_q, b_k, b_v, visible, scale, DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """The softmax state of one block of keys on its own: (max logit m, exp-sum l, unnormalised output o).
+
+    Args:
+        b_q: [BM, BD] queries; b_k, b_v: [BN, BD] keys and values, all in DOT_DTYPE.
+        visible: [BM or 1, BN] which keys each row sees (at least one per row: m must be finite).
+        scale: the logit scale in base 2 (softmax scale * log2(e), times k_scale for fp8).
+
+    Returns:
+        m [BM] = max_j s_j, l [BM] = sum_j exp2(s_j - m), o [BM, BD] = sum_j exp2(s_j - m) v_j, float32.
+    """
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * scale
+    b_s = tl.where(visible, b_s, float("-inf"))
+    b_m = tl.max(b_s, 1)
+    b_p = tl.exp2(b_s - b_m[:, None])
+    b_l = tl.sum(b_p, 1)
+    b_o = tl.dot(b_p.to(DOT_DTYPE), b_v, input_precision=INPUT_PRECISION)
+    return b_m, b_l, b_o
+
+
+@triton.jit
+def fold_softmax_state(m1, l1, o1, m2, l2, o2):
+    """Merge softmax state 2 into state 1 (rows: m, l [R]; o [R, BD], float32): state1 (+) state2.
+
+    The same elementwise arithmetic wherever it runs (a program's accumulator, the reduce's
+    tiles): a max, two exp2 and explicit FMAs, so no compiler contraction choice can differ
+    between two kernels. Folding into the empty state (m = -inf, l = o = 0) returns the other
+    state exactly (weights exp2(-inf) = 0 and exp2(0) = 1), and two empty states fold to the
+    empty state (the reference max is 0 then, never -inf - -inf).
+    """
+    b_m = tl.maximum(m1, m2)
+    m_ref = tl.where(b_m == float("-inf"), 0.0, b_m)
+    w1 = tl.exp2(m1 - m_ref)
+    w2 = tl.exp2(m2 - m_ref)
+    b_l = tl.fma(l1, w1, l2 * w2)
+    b_o = tl.fma(o1, w1[:, None], o2 * w2[:, None])
+    return b_m, b_l, b_o
+
+
 def config_head_dim(head_dim: int) -> int:
     """The head-dim key of the GPU config tables: the head's tile extent, at least 64 (64, 128 or 256)."""
     return max(64, pow2_at_least(head_dim))

@@ -5,10 +5,14 @@ Imports triton at load; registrations reach kernel modules only through `routing
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton.language as tl
+from triton import knobs
+from triton.runtime import driver
 
 from gdn_lab.ops.triton_support import interpreting
 
@@ -71,3 +75,44 @@ def pow2_at_least(n: int, floor: int = 16) -> int:
     about 10 us in Triton 3.9, a visible share of an eager decode step.
     """
     return max(floor, 1 << (n - 1).bit_length())
+
+
+# Compiled kernels for `launch_cached`: (id of the JITFunction, the caller's key, the current
+# device) -> CompiledKernel.
+_COMPILED: dict[tuple[int, Hashable, int], Any] = {}
+_COMPILED_MAX = 256
+
+
+def launch_cached(kernel: Any, grid: tuple[int, int, int], args: Sequence[Any], key: Hashable, **options: Any) -> None:
+    """`kernel[grid](*args, **options)`, through the compiled kernel's own launcher once compiled.
+
+    Triton's `JITFunction.run` binds and specialises every argument, looks up its kernel cache and
+    builds launch metadata on every call; a kernel compiled once for `key` (on the current device)
+    is launched here by its `CompiledKernel.run` directly, as `JITFunction.run` itself ends
+    (Triton 3.6 and 3.9: (grid x, y, z, stream, function, packed metadata, launch metadata, enter
+    hook, exit hook, *args)). With launch hooks installed (a profiler), or a kernel that did not
+    compile to one (the interpreter), every call takes the normal path. Call it on a GPU only.
+
+    Args:
+        kernel: the @triton.jit function (a module-level object: its id keys the cache).
+        grid: the three grid extents.
+        args: every parameter in signature order, constexprs included (as `run` passes them).
+        key: everything the compilation depends on besides the kernel and the device: the
+            constexpr values, the launch options, each tensor's dtype and 16-byte alignment, each
+            specialised int's ==1 and divisibility by 16. A key that misses one of these could
+            launch a kernel compiled for other arguments.
+        options: launch options (num_warps, ...), used when compiling.
+    """
+    active = driver.active
+    device = active.get_current_device()
+    ck = _COMPILED.get((id(kernel), key, device))
+    hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if ck is None or any(getattr(h, "calls", h) for h in hooks):
+        ck = kernel[grid](*args, **options)
+        if ck is not None and hasattr(ck, "packed_metadata"):
+            if len(_COMPILED) >= _COMPILED_MAX:
+                _COMPILED.clear()
+            _COMPILED[(id(kernel), key, device)] = ck
+        return
+    stream = active.get_current_stream(device)
+    ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args)

@@ -37,9 +37,24 @@ def test_smoke(tmp_path):
     assert all(r["ratio_vs_sdpa"] and r["max_abs_vs_sdpa"] for r in ours)
     assert all(float(r["max_abs_vs_sdpa"]) < 2e-2 for r in ours if r["kv_dtype"] == "bf16")
     assert all(r["ratio_vs_control"] for r in ours if r["impl"] == "triton")
+    assert all(r["target"] and r["target_met"] in ("True", "False") for r in ours if r["impl"] == "triton")
     inv = [r for r in rows if r["kind"] == "invariance"]
     assert {r["impl"] for r in inv} == {"triton", "control"}
     assert all(r["bitwise_equal"] == "True" for r in inv if r["impl"] == "triton")
+    plans = [r for r in rows if r["kind"] == "plans"]
+    assert len({r["plan"] for r in plans}) >= 3, "fine and coarse plans, short and long spans"
+    assert plans and all(r["bitwise_equal"] == "True" for r in plans)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_smoke_sweep_summary(tmp_path, capsys):
+    argv = ["--smoke", "--out", str(tmp_path), "--kv-dtypes", "bf16", "--page-sizes", "16", "--sweep"]
+    assert _bench().main(argv) == 0
+    rows = _rows(tmp_path / "bench_decode_attention.csv")
+    sweep = [r for r in rows if r["kind"] == "sweep"]
+    assert {r["note"] for r in sweep} >= {"default config", "forced plan"}
+    out = capsys.readouterr().out
+    assert "sweep D=64 bf16 page 16" in out and "vs sdpa / vs control" in out
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")

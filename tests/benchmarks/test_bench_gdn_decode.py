@@ -20,7 +20,10 @@ def test_smoke(tmp_path):
     with (tmp_path / "bench_gdn_decode.csv").open() as f:
         rows = list(csv.DictReader(f))
     kinds = {r["kind"] for r in rows}
-    assert {"overhead", "timing", "invariance", "ksplit_variance", "tile_variance"} <= kinds
+    assert {"overhead", "host", "timing", "invariance", "ksplit_variance", "tile_variance"} <= kinds
+    host = [r for r in rows if r["kind"] == "host"]
+    assert {"bare kernel[grid]", "public triton", "public auto", "public triton - bare"} <= {r["impl"] for r in host}
+    assert all(r["target_met"] in ("True", "False") for r in host if r["impl"] == "public triton - bare")
     assert all(r["env_torch"] and r["env_triton_interpret"] == "True" for r in rows)
     timing = [r for r in rows if r["kind"] == "timing"]
     assert {"triton-public", "triton-wrapper"} <= {r["impl"] for r in timing}

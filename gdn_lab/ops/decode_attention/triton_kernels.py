@@ -1,30 +1,44 @@
-"""Paged decode attention in Triton: fixed 256-token partitions (batch-invariant) and its control.
+"""Paged decode attention in Triton: a fixed per-request block/node structure (batch-invariant) and its control.
+
+The numbers a request gets are fixed by the request alone (and the per-(head dim, dtype) config):
+
+1. Block j holds the request's tokens j*BN .. j*BN+BN-1. Its softmax state is computed on its own
+   (`paged_kv_triton.block_softmax_state`): m_j = max logit (base 2), l_j = sum exp2(s - m_j),
+   o_j = sum exp2(s - m_j) v (float32, the GQA query heads of one KV head together).
+2. Node n is blocks n*R .. n*R+R-1 (R = `node_blocks`, 1024 tokens with the GPU configs): its
+   state is the left fold of its blocks' states, in order (`paged_kv_triton.fold_softmax_state`).
+3. The request's output merges its nodes in a fixed order (`_decode_reduce_kernel`: chunks of BP
+   nodes in sequence, a fixed-shape tree inside a chunk; positions past the last node add exact
+   zeros; BP depends on D only) and divides by the merged exp-sum.
+
+Who computes what is free, because it never changes an operation: a `DecodePlan` cuts the work
+into programs. `unit` is what a program stores to the float32 workspace (a block's state, or a
+node's), `span` how many consecutive units one program walks. A coarse plan (nodes, several per
+program when the batch is large) folds blocks into nodes in registers and writes one row per
+1024 tokens; a fine plan (a program per few blocks, for small batches that would leave the GPU
+idle) writes every block's state, and the reduce folds them into nodes with the same
+`fold_softmax_state`, in the same order, then merges the nodes with the same code. Folding into
+the empty state is exact, so a block stored alone and a block folded first into a fresh
+accumulator are the same bits. `decode_plan` picks the plan from the batch (its size, KV heads,
+the grid bound and the SM count); tests force every plan on the same inputs and require equal bits.
 
 Two launches, as AITER's paged_attention_ragged:
 
-1. `_decode_partition_kernel`, grid (B, Hkv, partitions): one program reads one partition of one
-   request for one KV head, with the GQA query heads of that KV head together (the group padded
-   to a power of two, at least 16 rows, for tl.dot). It walks the partition in blocks of BN
-   tokens with an online softmax (`paged_kv_triton.online_softmax_block`, as the prefill kernel)
-   and writes the partition's max logit m_p (base 2), its exp-sum l_p and its unnormalised output
-   o_p to a float32 workspace. Programs whose partition starts at or beyond the request's length
-   exit at once.
-2. `_decode_reduce_kernel`, grid (B, Hq): one program merges one request's partitions for one
-   query head: M = max_p m_p, w_p = exp2(m_p - M), out = sum_p w_p o_p / sum_p w_p l_p, in one
-   pass over chunks of BP partitions (a running max rescales the sums between chunks).
+- `_decode_partition_kernel`, grid (B, Hkv, ceil(max_len / span)): one program walks its span of
+  one request for one KV head, block by block; programs whose span starts at or beyond the
+  request's length exit at once.
+- `_decode_reduce_kernel`, grid (B, Hq): one program folds one request's stored units into nodes
+  (fine plans), merges the nodes, and writes the output row.
 
-Why the result of `decode_attention_triton` cannot depend on the batch: a partition is the
-request's absolute positions p*256 .. p*256+255 and its blocks sit at fixed offsets inside it; a
-program only reads its own request; the tile configuration is a function of (head_dim, dtypes)
-alone; the reduce visits the request's partitions in a fixed order (chunks of BP partitions in
-sequence, a fixed-shape tree inside a chunk; positions past the request's last partition add
-exact zeros; BP depends on D only); and no kernel receives an integer that depends on the batch and could change its
-compilation (the workspace's partition extent is not specialised on).
+An fp8 (e4m3) cache runs both dots in float16 on the GPU: e4m3 -> fp16 is one packed conversion
+per two values (e4m3 -> bf16 costs a further conversion per value, which bounded the fp8 kernel
+by arithmetic), q converts to fp16 exactly for |q| in [2^-14, 65504] (larger values overflow;
+smaller ones keep fp16's subnormal precision), and P in [0, 1] keeps 3 more bits than in bf16.
 
 The control `decode_attention_splitk_by_batch` runs the same two kernels, but each request is cut
-into `num_splits` splits of ceil(len / num_splits) tokens, with num_splits chosen from the batch
-size, the KV heads and the SM count as FlashAttention-2's split-KV heuristic does: when the batch
-grows, the splits (and the order of the sums) move.
+into `num_splits` splits of ceil(len / num_splits) tokens (one unit and one program each), with
+num_splits chosen from the batch size, the KV heads and the SM count as FlashAttention-2's split-KV
+heuristic does: when the batch grows, the splits (and the order of the sums) move.
 """
 
 from __future__ import annotations
@@ -37,64 +51,107 @@ import triton
 import triton.language as tl
 
 from gdn_lab.device import detect
-from gdn_lab.ops.paged_kv import PARTITION_SIZE
 from gdn_lab.ops.paged_kv_triton import (
     LOG2E,
+    block_softmax_state,
     config_head_dim,
+    fold_softmax_state,
     grid_bound,
     load_kv_tile,
-    online_softmax_block,
     scale_args,
 )
-from gdn_lab.ops.triton_common import dot_precision, pow2_at_least
+from gdn_lab.ops.triton_common import DotPrecision, dot_precision, pow2_at_least
 from gdn_lab.ops.triton_support import interpreting
 
-_REDUCE_TILE = 8192  # partitions x head-dim elements the reduce loads at once (64 for D = 128)
+_REDUCE_TILE = 4096  # nodes x head-dim elements the reduce holds at once (16 nodes for D = 256)
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """The launch configuration of the partition kernel (a function of head_dim and dtypes only).
+    """The partition kernel's configuration and the request structure (a function of head_dim and dtypes only).
 
     Attributes:
-        block_n: tokens per inner block; divides PARTITION_SIZE.
+        block_n: tokens per block, the finest unit of a request's structure.
+        node_blocks: blocks per node (the unit a coarse plan stores); changes the bits.
         num_warps: warps per program.
         num_stages: software-pipelining depth of the token loop.
+        max_registers: a register cap per thread (ptxas .maxnreg) that lets more programs share an
+            SM, or None (the compiler's choice).
     """
 
     block_n: int
+    node_blocks: int
     num_warps: int
     num_stages: int
+    max_registers: int | None = None
+
+    @property
+    def node_tokens(self) -> int:
+        return self.block_n * self.node_blocks
 
 
-# Fixed per (head-dim tile, operand kind) on the GPU. D = 128 and 256 come from the H200 sweep
-# (`--sweep` in benchmarks/bench_decode_attention.py; data/bench/h200/bench_decode_attention_sweep.csv):
-# the best geometric mean over B = 1, 8, 64, 256. 4 warps beat 8 by 5-10 % in bf16 and by up to
-# 40 % with fp8 at D = 128 (the fp8 -> bf16 widening is spread over fewer, longer-lived tiles);
-# block_n and stages moved the time by under 3 %. D = 64 has no H200 measurement: it keeps the
-# choice made from sm_90 compiles (no spills, 2-5 programs per SM).
-# The kinds: "16bit" (bf16/fp16 cache and operands), "fp8" (an e4m3 cache widened to the
-# query's 16-bit dtype), "fp32" (float32 operands: IEEE FMA products, which hold whole operand
-# tiles in registers: one stage and 8 warps keep them from spilling).
+@dataclass(frozen=True)
+class DecodePlan:
+    """How one call's work is cut into programs; it never changes a result bit.
+
+    Attributes:
+        unit_blocks: blocks per stored workspace row: 1 (fine: every block's state) or the
+            config's node_blocks (coarse: node states folded in registers).
+        span_blocks: blocks one program walks, a positive multiple of unit_blocks.
+    """
+
+    unit_blocks: int
+    span_blocks: int
+
+
+# Fixed per (head-dim tile, operand kind) on the GPU; `--sweep` in benchmarks/bench_decode_attention.py
+# measures the alternatives. Chosen from sm_90 compiles (Triton 3.6: registers, spills, shared
+# memory, buffers), to keep about 128 KB of K/V loads per SM in flight (Little's law: 4.4 TB/s x
+# ~1.5 us under load / 132 SMs is ~50 KB, and a one-buffer pipeline waits half the time):
+# - 16-bit D = 128: 64-token blocks, 5 stages (two K/V buffers: block i+1 loads while block i
+#   computes), capped at 128 registers: 2 programs of 4 warps per SM (shared memory);
+# - 16-bit D = 256: 64-token blocks, 8 warps, one buffer, 128 registers (one spilled reload per
+#   block): 2 programs per SM, 64 KB each in flight (169 uncapped registers allow only one);
+# - fp8: 8 warps capped at 128 registers and two buffers (the e4m3 -> fp16 conversions need
+#   registers; 4 warps hold 195-212 and fit 2 programs of half the bytes);
+# - fp32 operands: IEEE FMA products hold whole operand tiles in registers: one stage, 8 warps.
+# Nodes are 1024 tokens throughout: the workspace then costs G * D * 4 bytes written and read back
+# per 1024 tokens of a KV head, under 2 % of the KV read for bf16 at G = 8, D = 256.
 _GPU_CONFIGS = {
-    (64, "16bit"): DecodeConfig(128, 4, 3),
-    (128, "16bit"): DecodeConfig(128, 4, 3),
-    (256, "16bit"): DecodeConfig(64, 8, 3),
-    (64, "fp8"): DecodeConfig(64, 4, 3),
-    (128, "fp8"): DecodeConfig(128, 4, 3),
-    (256, "fp8"): DecodeConfig(64, 4, 4),
-    (64, "fp32"): DecodeConfig(32, 8, 1),
-    (128, "fp32"): DecodeConfig(32, 8, 1),
-    (256, "fp32"): DecodeConfig(32, 8, 1),
+    (64, "16bit"): DecodeConfig(64, 16, 4, 5, 128),
+    (128, "16bit"): DecodeConfig(64, 16, 4, 5, 128),
+    (256, "16bit"): DecodeConfig(64, 16, 8, 3, 128),
+    (64, "fp8"): DecodeConfig(64, 16, 4, 5),
+    (128, "fp8"): DecodeConfig(128, 8, 8, 5, 128),
+    (256, "fp8"): DecodeConfig(64, 16, 8, 5, 128),
+    (64, "fp32"): DecodeConfig(32, 32, 8, 1),
+    (128, "fp32"): DecodeConfig(32, 32, 8, 1),
+    (256, "fp32"): DecodeConfig(32, 32, 8, 1),
 }
-_INTERPRETER_CONFIG = DecodeConfig(64, 1, 1)
+# Small nodes under the interpreter, so tiny tests cross node edges (256 tokens).
+_INTERPRETER_CONFIG = DecodeConfig(64, 4, 1, 1)
+
+# Plan policy (bit-neutral): coarse once the batch has at least COARSE_FILL nodes per SM;
+# programs are then lengthened (several nodes each) while at least COARSE_PROGRAMS_PER_SM remain;
+# a fine plan keeps FINE_PROGRAMS_PER_SM programs per SM.
+COARSE_FILL = 0.5
+COARSE_PROGRAMS_PER_SM = 8
+FINE_PROGRAMS_PER_SM = 2
 
 
 def operand_kind(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> str:
-    """ "fp32", "fp8" or "16bit": what the kernel's tl.dot operands are (see `dot_precision`)."""
+    """ "fp32", "fp8" or "16bit": what the kernel's tl.dot operands are (see `decode_dot_precision`)."""
     if dot_precision(q_dtype, kv_dtype).dtype == tl.float32:
         return "fp32"
     return "fp8" if kv_dtype.itemsize == 1 else "16bit"
+
+
+def decode_dot_precision(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> DotPrecision:
+    """The dots' operand precision: `dot_precision`, except fp16 operands for an fp8 cache on a GPU."""
+    prec = dot_precision(q_dtype, kv_dtype)
+    if kv_dtype.itemsize == 1 and prec.dtype != tl.float32:
+        return DotPrecision(tl.float16, None)
+    return prec
 
 
 def decode_config(head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> DecodeConfig:
@@ -104,16 +161,33 @@ def decode_config(head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype) ->
     return _GPU_CONFIGS[(config_head_dim(head_dim), operand_kind(q_dtype, kv_dtype))]
 
 
-@triton.jit
-def _partition_length(seq_len, num_splits, PARTITION: tl.constexpr):
-    """Tokens per partition: PARTITION (> 0) or, for the control, ceil(seq_len / num_splits)."""
-    if PARTITION > 0:
-        return PARTITION
-    else:
-        return tl.cdiv(seq_len, num_splits)
+def decode_plan(batch: int, num_kv_heads: int, max_len: int, num_sms: int, config: DecodeConfig) -> DecodePlan:
+    """The plan for a batch (its size, KV heads, the grid bound, the SM count): bit-neutral.
+
+    Coarse (a node per stored row) when the batch holds at least COARSE_FILL nodes per SM, with
+    as many nodes per program as keep COARSE_PROGRAMS_PER_SM programs per SM; else fine (every
+    block stored), with as many blocks per program (at most a node) as keep FINE_PROGRAMS_PER_SM.
+    """
+    pairs = batch * num_kv_heads
+    n_blocks = triton.cdiv(max_len, config.block_n)
+    n_nodes = triton.cdiv(n_blocks, config.node_blocks)
+    if pairs * n_nodes >= COARSE_FILL * num_sms:
+        per = max(1, min(n_nodes, pairs * n_nodes // (COARSE_PROGRAMS_PER_SM * num_sms)))
+        return DecodePlan(config.node_blocks, per * config.node_blocks)
+    per = max(1, min(config.node_blocks, pairs * n_blocks // (FINE_PROGRAMS_PER_SM * num_sms)))
+    return DecodePlan(1, per)
 
 
-@triton.jit(do_not_specialize=["num_splits", "max_parts"])
+def _check_plan(plan: DecodePlan, config: DecodeConfig) -> None:
+    if plan.unit_blocks not in (1, config.node_blocks):
+        raise ValueError(f"plan.unit_blocks: {plan.unit_blocks} is not 1 or node_blocks (={config.node_blocks})")
+    if plan.span_blocks <= 0 or plan.span_blocks % plan.unit_blocks:
+        raise ValueError(
+            f"plan.span_blocks: {plan.span_blocks} is not a positive multiple of unit_blocks (={plan.unit_blocks})"
+        )
+
+
+@triton.jit(do_not_specialize=["unit", "span", "num_splits", "max_units"])
 def _decode_partition_kernel(
     q_ptr,
     k_ptr,
@@ -122,13 +196,14 @@ def _decode_partition_kernel(
     kv_indices_ptr,
     seq_lens_ptr,
     k_scale_ptr,
-    v_scale_ptr,
     ws_o_ptr,
     ws_m_ptr,
     ws_l_ptr,
     qk_scale,
+    unit,
+    span,
     num_splits,
-    max_parts,
+    max_units,
     stride_qb,
     stride_qh,
     stride_kp,
@@ -141,7 +216,7 @@ def _decode_partition_kernel(
     G: tl.constexpr,
     D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    PARTITION: tl.constexpr,
+    SPLIT_BY_COUNT: tl.constexpr,
     BH: tl.constexpr,
     BD: tl.constexpr,
     BN: tl.constexpr,
@@ -153,11 +228,13 @@ def _decode_partition_kernel(
     i_kh = tl.program_id(1)
     i_p = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + i_b)
-    part_len = _partition_length(seq_len, num_splits, PARTITION)
-    start = i_p * part_len
+    if SPLIT_BY_COUNT:  # the control: one unit of ceil(len / num_splits) tokens per program
+        unit = tl.cdiv(seq_len, num_splits)
+        span = unit
+    start = i_p * span
     if start >= seq_len:
         return
-    end = tl.minimum(start + part_len, seq_len)
+    end = tl.minimum(start + span, seq_len)
     page_base = tl.load(kv_indptr_ptr + i_b)
 
     o_h = tl.arange(0, BH)
@@ -168,14 +245,16 @@ def _decode_partition_kernel(
     heads = i_kh * G + o_h
     p_q = q_ptr + i_b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q, mask=m_h[:, None] & m_d[None, :], other=0.0).to(DOT_DTYPE)
-    # Logits in base 2; an fp8 cache's k_scale folds into the logit scale, v_scale into the output.
+    # Logits in base 2; an fp8 cache's k_scale folds into the logit scale (v_scale: in the reduce).
     scale = qk_scale
     if FP8:
         scale = scale * tl.load(k_scale_ptr)
+    # Workspace rows: (request, query head, unit); the offsets' divisibility is D's alone.
+    rows = (i_b.to(tl.int64) * HQ + heads) * max_units
 
-    b_m = tl.full([BH], float("-inf"), tl.float32)
-    b_l = tl.zeros([BH], tl.float32)
-    b_o = tl.zeros([BH, BD], tl.float32)
+    acc_m = tl.full([BH], float("-inf"), tl.float32)
+    acc_l = tl.zeros([BH], tl.float32)
+    acc_o = tl.zeros([BH, BD], tl.float32)
     for n0 in range(start, end, BN):
         pos = n0 + o_n
         m_n = pos < end
@@ -187,66 +266,86 @@ def _decode_partition_kernel(
             v_ptr, kv_indices_ptr, page_base, pos, m_n, i_kh, stride_vp, stride_vt, stride_vh, o_d, m_d,
             PAGE_SIZE, DOT_DTYPE,
         )  # fmt: skip
-        # Every block holds at least one valid token (n0 < end), so the running max stays finite.
-        b_m, b_l, b_o = online_softmax_block(
-            b_q, b_k, b_v, m_n[None, :], scale, b_m, b_l, b_o, DOT_DTYPE, INPUT_PRECISION
-        )
-    if FP8:
-        b_o = b_o * tl.load(v_scale_ptr)
+        # Every block holds at least one valid token (n0 < end), so its max logit is finite.
+        b_m, b_l, b_o = block_softmax_state(b_q, b_k, b_v, m_n[None, :], scale, DOT_DTYPE, INPUT_PRECISION)
+        acc_m, acc_l, acc_o = fold_softmax_state(acc_m, acc_l, acc_o, b_m, b_l, b_o)
+        n1 = n0 + BN
+        if (n1 % unit == 0) | (n1 >= end):  # the unit ends here: store it, start the next empty
+            row = rows + n0 // unit
+            tl.store(ws_m_ptr + row, acc_m, mask=m_h)
+            tl.store(ws_l_ptr + row, acc_l, mask=m_h)
+            tl.store(ws_o_ptr + row[:, None] * D + o_d[None, :], acc_o, mask=m_h[:, None] & m_d[None, :])
+            acc_m = tl.full([BH], float("-inf"), tl.float32)
+            acc_l = tl.zeros([BH], tl.float32)
+            acc_o = tl.zeros([BH, BD], tl.float32)
 
-    # Workspace rows: (request, query head, partition); the offsets' divisibility is D's alone.
-    row = (i_b.to(tl.int64) * HQ + heads) * max_parts + i_p
-    tl.store(ws_m_ptr + row, b_m, mask=m_h)
-    tl.store(ws_l_ptr + row, b_l, mask=m_h)
-    tl.store(ws_o_ptr + row[:, None] * D + o_d[None, :], b_o, mask=m_h[:, None] & m_d[None, :])
 
-
-@triton.jit(do_not_specialize=["num_splits", "max_parts"])
+@triton.jit(do_not_specialize=["unit", "num_splits", "max_units"])
 def _decode_reduce_kernel(
     out_ptr,
     seq_lens_ptr,
+    v_scale_ptr,
     ws_o_ptr,
     ws_m_ptr,
     ws_l_ptr,
+    unit,
     num_splits,
-    max_parts,
+    max_units,
     stride_ob,
     stride_oh,
     HQ: tl.constexpr,
     D: tl.constexpr,
-    PARTITION: tl.constexpr,
+    SPLIT_BY_COUNT: tl.constexpr,
+    BN: tl.constexpr,
+    NODE_BLOCKS: tl.constexpr,
+    FP8: tl.constexpr,
     BD: tl.constexpr,
     BP: tl.constexpr,
 ):
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + i_b)
-    n_parts = tl.cdiv(seq_len, _partition_length(seq_len, num_splits, PARTITION))
-    base = (i_b.to(tl.int64) * HQ + i_h) * max_parts
+    if SPLIT_BY_COUNT:
+        unit = tl.cdiv(seq_len, num_splits)
+    n_units = tl.cdiv(seq_len, unit)
+    # Fine plans stored blocks: fold each node's NODE_BLOCKS blocks first, as a program would have.
+    group = 1 if SPLIT_BY_COUNT else tl.where(unit == BN, NODE_BLOCKS, 1)
+    n_nodes = tl.cdiv(n_units, group)
+    base = (i_b.to(tl.int64) * HQ + i_h) * max_units
     o_p = tl.arange(0, BP)
     o_d = tl.arange(0, BD)
     m_d = o_d < D
 
-    # One pass over chunks p0 = 0, BP, 2*BP, ... in order, rescaling the running sums to the
-    # running max (a request with at most BP partitions is one chunk: no rescale at all).
+    # One pass over chunks of BP nodes in order, rescaling the running sums to the running max
+    # (a request with at most BP nodes is one chunk: no rescale at all).
     b_max = float("-inf")
     b_den = 0.0
     b_num = tl.zeros([BD], tl.float32)
-    for p0 in range(0, n_parts, BP):
-        m_p = p0 + o_p < n_parts
-        b_m = tl.load(ws_m_ptr + base + p0 + o_p, mask=m_p, other=float("-inf"))
-        b_l = tl.load(ws_l_ptr + base + p0 + o_p, mask=m_p, other=0.0)
-        b_o = tl.load(
-            ws_o_ptr + (base + p0 + o_p)[:, None] * D + o_d[None, :], mask=m_p[:, None] & m_d[None, :], other=0.0
-        )
-        b_max_new = tl.maximum(b_max, tl.max(b_m, 0))
+    for p0 in range(0, n_nodes, BP):
+        nodes = p0 + o_p
+        c_m = tl.full([BP], float("-inf"), tl.float32)
+        c_l = tl.zeros([BP], tl.float32)
+        c_o = tl.zeros([BP, BD], tl.float32)
+        for r in range(0, group):
+            u = nodes * group + r
+            m_u = u < n_units
+            e_m = tl.load(ws_m_ptr + base + u, mask=m_u, other=float("-inf"))
+            e_l = tl.load(ws_l_ptr + base + u, mask=m_u, other=0.0)
+            e_o = tl.load(
+                ws_o_ptr + (base + u)[:, None] * D + o_d[None, :], mask=m_u[:, None] & m_d[None, :], other=0.0
+            )
+            c_m, c_l, c_o = fold_softmax_state(c_m, c_l, c_o, e_m, e_l, e_o)
+        b_max_new = tl.maximum(b_max, tl.max(c_m, 0))
         alpha = tl.exp2(b_max - b_max_new)
-        b_w = tl.exp2(b_m - b_max_new)
-        b_den = b_den * alpha + tl.sum(b_l * b_w, 0)
-        b_num = b_num * alpha + tl.sum(b_o * b_w[:, None], 0)
+        b_w = tl.exp2(c_m - b_max_new)
+        b_den = b_den * alpha + tl.sum(c_l * b_w, 0)
+        b_num = b_num * alpha + tl.sum(c_o * b_w[:, None], 0)
         b_max = b_max_new
+    b_out = b_num / b_den
+    if FP8:
+        b_out = b_out * tl.load(v_scale_ptr)
     p_out = out_ptr + i_b.to(tl.int64) * stride_ob + i_h * stride_oh + o_d
-    tl.store(p_out, (b_num / b_den).to(out_ptr.dtype.element_ty), mask=m_d)
+    tl.store(p_out, b_out.to(out_ptr.dtype.element_ty), mask=m_d)
 
 
 def _launch(
@@ -260,42 +359,57 @@ def _launch(
     scale: float,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
-    num_parts: int,
-    partition: int,
+    *,
+    unit: int,
+    span: int,
+    max_units: int,
+    num_programs: int,
     num_splits: int,
     config: DecodeConfig,
 ) -> torch.Tensor:
-    """Both launches for a grid of `num_parts` partitions per request (fixed size or split count)."""
+    """Both launches: `num_programs` programs per (request, KV head), `max_units` workspace rows.
+
+    num_splits > 0 is the control (units and spans of ceil(len / num_splits) tokens, per request);
+    else units of `unit` tokens and spans of `span` tokens.
+    """
     B, HQ, D = q.shape
     HKV = k_cache.shape[2]
     G = HQ // HKV
     if q.stride(-1) != 1:
         q = q.contiguous()
+    split = num_splits > 0
     out = torch.empty(B, HQ, D, dtype=q.dtype, device=q.device)
-    ws_o = torch.empty(B, HQ, num_parts, D, dtype=torch.float32, device=q.device)
-    ws_m = torch.empty(B, HQ, num_parts, dtype=torch.float32, device=q.device)
+    ws_o = torch.empty(B, HQ, max_units, D, dtype=torch.float32, device=q.device)
+    ws_m = torch.empty(B, HQ, max_units, dtype=torch.float32, device=q.device)
     ws_l = torch.empty_like(ws_m)
     ks, vs, fp8 = scale_args(k_scale, v_scale, ws_m)
-    prec = dot_precision(q.dtype, k_cache.dtype)
+    prec = decode_dot_precision(q.dtype, k_cache.dtype)
     bd = pow2_at_least(D)
-    _decode_partition_kernel[(B, HKV, num_parts)](
-        q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, ks, vs, ws_o, ws_m, ws_l,
-        qk_scale=scale * LOG2E, num_splits=num_splits, max_parts=num_parts,
+    _decode_partition_kernel[(B, HKV, num_programs)](
+        q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, ks, ws_o, ws_m, ws_l,
+        qk_scale=scale * LOG2E, unit=unit, span=span, num_splits=num_splits, max_units=max_units,
         stride_qb=q.stride(0), stride_qh=q.stride(1),
         stride_kp=k_cache.stride(0), stride_kt=k_cache.stride(1), stride_kh=k_cache.stride(2),
         stride_vp=v_cache.stride(0), stride_vt=v_cache.stride(1), stride_vh=v_cache.stride(2),
-        HQ=HQ, G=G, D=D, PAGE_SIZE=page_size, PARTITION=partition,
+        HQ=HQ, G=G, D=D, PAGE_SIZE=page_size, SPLIT_BY_COUNT=split,
         BH=pow2_at_least(G), BD=bd, BN=config.block_n, FP8=fp8,
         DOT_DTYPE=prec.dtype, INPUT_PRECISION=prec.input_precision,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **_register_cap(config),
     )  # fmt: skip
     _decode_reduce_kernel[(B, HQ)](
-        out, seq_lens, ws_o, ws_m, ws_l, num_splits=num_splits, max_parts=num_parts,
+        out, seq_lens, vs, ws_o, ws_m, ws_l, unit=unit, num_splits=num_splits, max_units=max_units,
         stride_ob=out.stride(0), stride_oh=out.stride(1),
-        HQ=HQ, D=D, PARTITION=partition, BD=bd, BP=max(1, _REDUCE_TILE // bd),
-        num_warps=1 if interpreting() else 8,
+        HQ=HQ, D=D, SPLIT_BY_COUNT=split, BN=config.block_n, NODE_BLOCKS=config.node_blocks, FP8=fp8,
+        BD=bd, BP=max(1, _REDUCE_TILE // bd), num_warps=1 if interpreting() else 8,
     )  # fmt: skip
     return out
+
+
+def _register_cap(config: DecodeConfig) -> dict:
+    """The launch option for the config's register cap (none under the interpreter)."""
+    if config.max_registers is None or interpreting():
+        return {}
+    return {"maxnreg": config.max_registers}
 
 
 def _max_len(seq_lens: torch.Tensor, max_seq_len: int | None) -> int:
@@ -317,34 +431,44 @@ def decode_attention_triton(
     *,
     max_seq_len: int | None = None,
     config: DecodeConfig | None = None,
+    plan: DecodePlan | None = None,
+    num_sms: int | None = None,
 ) -> torch.Tensor:
-    """Batch-invariant paged decode attention: fixed 256-token partitions, fixed-order merge.
+    """Batch-invariant paged decode attention: fixed blocks and nodes per request, fixed-order merges.
 
     The partials are kept in float32 (max logit, exp-sum and the unnormalised partial output):
     AITER rounds each partition's normalised output to bf16/fp16 before the merge, which adds one
     rounding per partition (relative 2^-9 in bf16) to every output; float32 partials keep the
     merge within float32 rounding, so the output's only rounding to q's dtype is the last one.
-    The cost is workspace traffic of G * D * 4 bytes written and read back per (request, KV head,
-    partition): about 3 % of the partition's 128 KB KV read at D = 128, G = 4 with a bf16 cache
-    (6 % with fp8), against 1.5 % for bf16 partials.
 
     Args:
         q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale:
             the validated arguments of `gdn_lab.ops.decode_attention` (its docstring has the shapes).
-        max_seq_len: an upper bound of max(seq_lens), which sizes the grid's partition axis. None
-            reads it from the device (one host synchronisation); pass it to capture a CUDA graph
-            (extra partitions exit at once; the result does not depend on the bound).
+        max_seq_len: an upper bound of max(seq_lens), which sizes the grid. None reads it from the
+            device (one host synchronisation); pass it to capture a CUDA graph (extra programs exit
+            at once; the result does not depend on the bound).
         config: the partition kernel's configuration; None takes `decode_config(D, q dtype, cache dtype)`.
-            An override is for tuning (benchmarks): a different block_n changes the bits.
+            An override is for tuning (benchmarks): a different block_n or node_blocks changes the bits.
+        plan: how the work is cut into programs; None takes `decode_plan(...)` for this batch. Any
+            plan gives the same bits (the tests and the benchmark's invariance rows check it).
+        num_sms: the SM count the plan sees; None takes `gdn_lab.device.detect(q.device).num_sms`.
 
     Returns:
         [B, Hq, D] in q's dtype.
     """
-    num_parts = triton.cdiv(_max_len(seq_lens, max_seq_len), PARTITION_SIZE)
+    max_len = _max_len(seq_lens, max_seq_len)
     cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype)
+    if plan is None:
+        sms = detect(q.device).num_sms if num_sms is None else num_sms
+        plan = decode_plan(q.shape[0], k_cache.shape[2], max_len, sms, cfg)
+    else:
+        _check_plan(plan, cfg)
+    unit = plan.unit_blocks * cfg.block_n
+    span = plan.span_blocks * cfg.block_n
     return _launch(
         q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale,
-        num_parts=num_parts, partition=PARTITION_SIZE, num_splits=1, config=cfg,
+        unit=unit, span=span, max_units=triton.cdiv(max_len, unit), num_programs=triton.cdiv(max_len, span),
+        num_splits=0, config=cfg,
     )  # fmt: skip
 
 
@@ -424,5 +548,5 @@ def decode_attention_splitk_by_batch(
     cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype)
     return _launch(
         q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale,
-        num_parts=splits, partition=0, num_splits=splits, config=cfg,
+        unit=0, span=0, max_units=splits, num_programs=splits, num_splits=splits, config=cfg,
     )  # fmt: skip

@@ -7,6 +7,7 @@ its backends (`triton.py`, `fla.py`; AMD's: `aiter.py` HIP, `flydsl.py`, `aiter_
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,10 +22,72 @@ from gdn_lab.routing import LIBRARY_TORCH, PRIORITY_REFERENCE, Backend, dispatch
 
 OP = "gdn_decode"
 
-# Accepted call signatures (shapes, dtypes, devices, scale, flag) -> resolved scale. A decode loop
-# repeats one signature, so the shape checks run once and the eager step stays cheap.
+# Accepted call signatures -> resolved scale. A decode loop repeats one signature, so the shape
+# checks run once per signature and the eager step stays cheap. The key is what those checks read:
+# each tensor's shape, dtype and device, the scale and the flag (`_signature`).
 _ACCEPTED: dict[tuple, float] = {}
 _ACCEPTED_MAX = 1024
+# Slot tensors whose values were checked: id -> (weak reference, version, data pointer, pool size).
+# A decode loop passes the same slots tensor step after step; its values are checked again only
+# when it is another tensor, its version counter moved (any in-place torch op on it or a view of
+# it), its storage moved, or the pool size changed.
+_CHECKED_SLOTS: dict[int, tuple] = {}
+_CHECKED_SLOTS_MAX = 256
+
+
+def _signature(q, k, v, a, b, A_log, dt_bias, state, slots, scale, use_qk_l2norm) -> tuple | None:
+    """The shape checks' inputs as one flat key, or None for arguments that are not all tensors.
+
+    Sound for the checks it stands for: they read nothing but these attributes (and the scale and
+    flag). A value that is not a tensor has no such attributes (None: the full checks run and
+    name it); a numpy array's dtype never equals a torch dtype, so it cannot hit an accepted key.
+    The flat tuple is about 3x cheaper than `checks.signature`'s per-value tuples.
+    """
+    try:
+        key = (
+            q.shape, q.dtype, q.device, k.shape, k.dtype, k.device, v.shape, v.dtype, v.device,
+            a.shape, a.dtype, a.device, b.shape, b.dtype, b.device, A_log.shape, A_log.dtype, A_log.device,
+            dt_bias.shape, dt_bias.dtype, dt_bias.device, state.shape, state.dtype, state.device,
+            slots.shape, slots.dtype, slots.device, type(scale), scale, type(use_qk_l2norm), use_qk_l2norm,
+        )  # fmt: skip
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
+
+
+def _check_slots_once(slots: torch.Tensor, num_slots: int) -> None:
+    """`check_slot_values` (one host synchronisation) unless this very tensor, unchanged, passed it.
+
+    Unchanged means: the same tensor object (a weak reference, so a new tensor at a recycled
+    address never matches), the same version counter, data pointer and pool size. Values written
+    without moving the version counter (a custom kernel storing through the tensor's pointer) are
+    not seen: pass such a tensor again after `forget_checked_slots()`.
+    """
+    entry = _CHECKED_SLOTS.get(id(slots))
+    if (
+        entry is not None
+        and entry[0]() is slots
+        and entry[1] == slots._version
+        and entry[2] == slots.data_ptr()
+        and entry[3] == num_slots
+    ):
+        return
+    check_slot_values(slots, num_slots)
+    if len(_CHECKED_SLOTS) >= _CHECKED_SLOTS_MAX:
+        _CHECKED_SLOTS.clear()
+    key = id(slots)
+
+    def forget(ref, key=key):
+        if _CHECKED_SLOTS.get(key, (None,))[0] is ref:
+            del _CHECKED_SLOTS[key]
+
+    _CHECKED_SLOTS[key] = (weakref.ref(slots, forget), slots._version, slots.data_ptr(), num_slots)
+
+
+def forget_checked_slots() -> None:
+    """Check every slots tensor's values again on its next call (after writes torch cannot see)."""
+    _CHECKED_SLOTS.clear()
 
 
 def validate(
@@ -32,10 +95,11 @@ def validate(
 ) -> dict[str, Any]:
     """Check a gdn_decode call; return the arguments every backend's `run` receives.
 
-    Shape/dtype/device checks are skipped for a signature already accepted (`checks.signature`);
-    `check_indices` checks the slot values every time (one host synchronisation).
+    Shape/dtype/device checks are skipped for a signature already accepted (`_signature`);
+    `check_indices` checks the slot values (one host synchronisation) unless the same slots
+    tensor passed unchanged before (`_check_slots_once`).
     """
-    key = checks.signature((q, k, v, a, b, A_log, dt_bias, state, slots, scale, use_qk_l2norm))
+    key = _signature(q, k, v, a, b, A_log, dt_bias, state, slots, scale, use_qk_l2norm)
     resolved = _ACCEPTED.get(key) if key is not None else None
     if resolved is None:
         dims = checks.Dims()
@@ -45,9 +109,8 @@ def validate(
             if len(_ACCEPTED) >= _ACCEPTED_MAX:
                 _ACCEPTED.clear()
             _ACCEPTED[key] = resolved
-    scale = resolved
     if check_indices:
-        check_slot_values(slots, state.shape[0])
+        _check_slots_once(slots, state.shape[0])
     return {
         "q": q,
         "k": k,
@@ -58,7 +121,7 @@ def validate(
         "dt_bias": dt_bias,
         "state": state,
         "slots": slots,
-        "scale": scale,
+        "scale": resolved,
         "use_qk_l2norm": use_qk_l2norm,
     }
 
@@ -96,7 +159,9 @@ def gdn_decode(
         scale: query scale, default K ** -0.5.
         use_qk_l2norm: L2-normalize q and k first (x * rsqrt(sum x^2 + 1e-6)).
         backend: "auto" or a backend name.
-        check_indices: check slot values (one host synchronisation).
+        check_indices: check the slot values: in the pool or negative, distinct (one host
+            synchronisation the first time a slots tensor is seen, and again whenever its version
+            counter moves; see `forget_checked_slots` for writes torch does not track).
 
     Returns:
         [B, HV, V] in q's dtype.

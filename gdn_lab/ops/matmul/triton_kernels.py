@@ -43,6 +43,13 @@ _GPU_CONFIGS = {
 _INTERPRETER_CONFIG = MatmulConfig(16, 32, 32, 1, 1)
 
 
+# Under the interpreter tl.dot is numpy's matmul, whose result for a row depends on the row's place in
+# the tile (measured: rows 0-5 and 6-15 of a 16-row block go through different BLAS micro-kernels),
+# so a request whose rows land at other tile offsets changed bits there. The interpreter therefore
+# forms the float32 products and sums them over K in order (`ROW_EXACT_DOT`), the same sequence of
+# operations for every row; the GPU keeps tl.dot (the constexpr branch leaves its kernel as it was).
+
+
 def matmul_config(dtype: torch.dtype) -> MatmulConfig:
     """The fixed tiles for a dtype."""
     return _INTERPRETER_CONFIG if interpreting() else _GPU_CONFIGS[dtype]
@@ -69,6 +76,7 @@ def _matmul_kernel(
     BK: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    ROW_EXACT_DOT: tl.constexpr,
 ):
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -87,7 +95,10 @@ def _matmul_kernel(
         p_w = w_ptr + (k0 + o_k)[:, None].to(tl.int64) * stride_wk + o_n[None, :] * stride_wn
         b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0).to(DOT_DTYPE)
         b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0).to(DOT_DTYPE)
-        b_acc = tl.dot(b_x, b_w, b_acc, input_precision=INPUT_PRECISION)
+        if ROW_EXACT_DOT:  # the interpreter: products and a sum over K, the same order for every row
+            b_acc += tl.sum(b_x[:, :, None] * b_w[None, :, :], axis=1)
+        else:
+            b_acc = tl.dot(b_x, b_w, b_acc, input_precision=INPUT_PRECISION)
     p_out = out_ptr + i_s * stride_os + o_m[:, None].to(tl.int64) * stride_om + o_n[None, :] * stride_on
     tl.store(p_out, b_acc.to(out_ptr.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
@@ -105,7 +116,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, splits: int, cf
         stride_xm=x.stride(0), stride_xk=x.stride(1), stride_wk=w.stride(0), stride_wn=w.stride(1),
         stride_os=so, stride_om=out.stride(-2), stride_on=out.stride(-1),
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-        DOT_DTYPE=prec.dtype, INPUT_PRECISION=prec.input_precision,
+        DOT_DTYPE=prec.dtype, INPUT_PRECISION=prec.input_precision, ROW_EXACT_DOT=interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

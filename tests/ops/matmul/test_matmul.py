@@ -100,3 +100,32 @@ def test_controls_are_registered_as_controls():
 def test_bad_input(x, w, match):
     with pytest.raises(ValueError, match=match):
         matmul(x, w, backend="triton")
+
+
+def _packed_outputs(run, target, w, g):
+    """The target's rows when it follows 0..16 other rows (and more rows follow it), per offset."""
+    outs = {}
+    for before in range(17):
+        others = torch.randn(before + 5, target.shape[1], generator=g).to(target)
+        x = torch.cat([others[:before], target, others[before:]])
+        outs[before] = run(x, w)[before : before + target.shape[0]]
+    return outs
+
+
+def test_triton_rows_do_not_depend_on_their_tile_offset(device, monkeypatch):
+    """A 9-row target packed after 0..16 other rows keeps its bits. Under the interpreter numpy's
+    matmul computes a row differently at different places in a tile (BLAS micro-kernels), so the
+    kernel's dot there is products summed over K in order; tl.dot itself shows the problem."""
+    from gdn_lab.ops.matmul import triton_kernels
+
+    g = torch.Generator().manual_seed(5)
+    target = torch.randn(9, 96, generator=g).to(device)
+    w = torch.randn(96, 40, generator=g).to(device)
+    run = get(OP, "triton").run
+    alone = run(target, w)
+    for before, out in _packed_outputs(run, target, w, g).items():
+        assert torch.equal(out, alone), f"target after {before} rows"
+    if device.type == "cpu":  # the test can see the problem: numpy's matmul under the interpreter
+        monkeypatch.setattr(triton_kernels, "interpreting", lambda: False)
+        outs = _packed_outputs(run, target, w, g)
+        assert any(not torch.equal(out, run(target, w)) for out in outs.values())
