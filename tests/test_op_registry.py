@@ -124,7 +124,11 @@ def test_the_cli_runs_a_toy_op(toy_op, capsys):
     argv = ["invariance", "--op", toy_op, "--backend", "torch", "--device", "cpu", "--targets", "1,40"]
     code = cli.main([*argv, "--batch-sizes", "2,6", "--max-context", "50", "--json"])
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert code == 0 and {r["op"] for r in rows} == {toy_op} and {r["backend"] for r in rows} == {"torch", "torch-whole-batch"}
+    assert (
+        code == 0
+        and {r["op"] for r in rows} == {toy_op}
+        and {r["backend"] for r in rows} == {"torch", "torch-whole-batch"}
+    )
 
 
 def test_env_explains_a_toy_op(toy_op, capsys):
