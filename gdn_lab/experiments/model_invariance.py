@@ -30,6 +30,15 @@ nn.Linear through `gdn_lab.ops.matmul` with it (only matmul controls apply there
 control is caught when one of its comparisons differs and names the control among its culprits; a
 mode whose control was not caught is `insensitive`: its equalities prove nothing.
 
+Known limits. Only the selected token's logprob is compared (as SGLang and vLLM do); a change in
+the other logits shows as `logits_equal=False` (the model's root output, hashed by the trace). A
+Hugging Face prefill is hashed per request with its padding left out (`Layout.padded`); its decode
+steps' KV cache is padded in a mixed or prefix batch, and the cache object itself is opaque to the
+trace (not a tensor, tuple, list or dict), so there a call reading it can look like a culprit with
+equal recorded inputs (`trace_note` says when the two runs took different code paths, as HF's mask
+building does for a padded batch). The lab model has no padding: its caches are read through the
+lab ops' slots and page tables.
+
 Example:
     >>> from gdn_lab.experiments import model_invariance as mi
     >>> res = mi.run(mi.Config(model="tiny", modes=["single"], prompt_lens=[5], batch_sizes=[3],
@@ -96,7 +105,7 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 
 def _known_model(name: str, value: str) -> None:
-    checks.check_choice(name, value, (*PRESETS, *hf_models.BUILDERS))
+    checks.check_choice(name, value, (*PRESETS, *hf_models.BUILDERS, hf_models.CUSTOM))
 
 
 def _known_modes(name: str, value: Sequence[str]) -> None:
@@ -111,8 +120,9 @@ class Config(ExperimentConfig):
     """One model-invariance run.
 
     Attributes:
-        model: a lab model preset ("tiny", "qwen3-next-80b-tp4") or a Hugging Face builder
-            ("hf-qwen3-tiny", "hf-qwen3-next-tiny", "hf-qwen3-8b"; `gdn_lab.model.hf.BUILDERS`).
+        model: a lab model preset ("tiny", "qwen3-next-80b-tp4"), a Hugging Face builder
+            ("hf-qwen3-tiny", "hf-qwen3-next-tiny", "hf-qwen3-8b"; `gdn_lab.model.hf.BUILDERS`), or
+            "hf-custom": any Hugging Face causal LM the caller built, passed as `run(cfg, model=...)`.
         num_layers: the model's depth (None: the preset's or builder's).
         dtype: weights and activations (None: the model's own: fp32 for the tiny ones).
         backends: the lab model's backend per op (`gdn_lab.model.OPS`; the others run "torch");
@@ -183,6 +193,8 @@ class Config(ExperimentConfig):
     def model_dtype(self) -> torch.dtype:
         if self.dtype is not None:
             return resolve_dtype(self.dtype)
+        if self.model == hf_models.CUSTOM:
+            return torch.float32  # a stand-in: the rows take the handed-over model's own dtype
         return hf_models.BUILDERS[self.model].dtype if self.is_hf else PRESETS[self.model]["dtype"]
 
     @property
@@ -298,13 +310,22 @@ def _mate_lengths(target: int, n: int, lo: int, hi: int, trial: int, g: torch.Ge
 class _Runner:
     """The lab model or an HF model, with the control switch and the labels rows carry."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, model: torch.nn.Module | None = None) -> None:
         self.cfg = cfg
         dev = cfg.torch_device
-        if cfg.is_hf:
-            self.hf = hf_models.HFModel(
-                cfg.model, dtype=cfg.model_dtype, device=dev, seed=cfg.seed, num_layers=cfg.num_layers
+        if (cfg.model == hf_models.CUSTOM) != (model is not None):
+            raise ValueError(
+                "model: pass a Hugging Face causal LM as run(cfg, model=...) exactly when cfg.model is 'hf-custom'"
             )
+        if cfg.is_hf:
+            self.hf = (
+                hf_models.HFModel.wrap(model)
+                if model is not None
+                else hf_models.HFModel(
+                    cfg.model, dtype=cfg.model_dtype, device=dev, seed=cfg.seed, num_layers=cfg.num_layers
+                )
+            )
+            self.dtype = self.hf.dtype
             self.module: torch.nn.Module = self.hf.model
             self.vocab = self.hf.vocab_size
             self.backends: dict[str, str] = {}
@@ -314,6 +335,7 @@ class _Runner:
             if cfg.num_layers is not None:
                 overrides["num_layers"] = cfg.num_layers
             self.lab = Model(ModelConfig.from_name(cfg.model, **overrides), backends=cfg.backends, device=dev)
+            self.dtype = self.lab.config.dtype
             self.module = self.lab
             self.vocab = self.lab.config.vocab_size
             self.backends = dict(self.lab.backends)
@@ -529,13 +551,22 @@ def _num_layers(runner: _Runner) -> int:
     return runner.lab.config.num_layers
 
 
-def run(cfg: Config, progress: bool = True) -> Result:
+def run(cfg: Config, progress: bool = True, model: torch.nn.Module | None = None) -> Result:
     """Run a configured experiment: every batch of every mode, plain and with the control.
+
+    Args:
+        cfg: the experiment.
+        progress: a tqdm bar on stderr.
+        model: a Hugging Face causal LM built by the caller (from a config; any `*ForCausalLM`),
+            exactly when cfg.model is "hf-custom"; it runs on its own device and dtype.
 
     Returns:
         A Result (see its attributes); rows carry `control_caught` and `insensitive` per mode.
+
+    Raises:
+        ValueError: a model given without cfg.model "hf-custom", or the other way round.
     """
-    sweep = _Sweep(cfg)
+    sweep = _Sweep(cfg, model)
     variants = [None] if sweep.control is None else [None, sweep.control]
     bar = tqdm(total=len(sweep.work) * len(variants), desc=f"model_invariance {cfg.model}", disable=not progress,
                leave=False)  # fmt: skip
@@ -555,9 +586,9 @@ def run(cfg: Config, progress: bool = True) -> Result:
 class _Sweep:
     """The runs of one experiment and the rows, call counts and layer tables they give."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, model: torch.nn.Module | None = None) -> None:
         self.cfg = cfg
-        self.runner = _Runner(cfg)
+        self.runner = _Runner(cfg, model)
         self.control = cfg.control_spec
         self.work = batches(cfg, self.runner.vocab)
         self.info = detect(cfg.torch_device)
@@ -587,7 +618,7 @@ class _Sweep:
                 row.update(status=status, covered=batched.covered, reason=batched.error)
                 continue
             row.update(_outputs(alone.gen, batched.gen, pos))
-            row["backend_ran"] = _ran(batched.trace)
+            row["backend_ran"] = _ran(batched.trace) or ("torch (HF)" if runner.kind == "hf" else "")
             first = pos == b.compared[0]
             if not (first or (not row["bitwise_equal"] and diffs_left > 0)):
                 continue
@@ -606,9 +637,9 @@ class _Sweep:
 def _base_row(cfg: Config, runner: _Runner, variant, label: str, b: Batch, info) -> dict[str, Any]:
     used = runner.libraries(variant)
     amd = any(u.library.amd for u in used)
-    dtype = checks.dtype_name(cfg.model_dtype)
+    dtype = checks.dtype_name(runner.dtype)
     return dict.fromkeys(COLUMNS) | {
-        "model": cfg.model, "model_kind": runner.kind, "mode": b.mode, "backend": label,
+        "model": runner.hf.name if runner.kind == "hf" else cfg.model, "model_kind": runner.kind, "mode": b.mode, "backend": label,
         "backends": runner.backends_text(variant), "is_control": variant is not None,
         "control": f"{variant[0]}:{variant[1]}" if variant else "", "covered": True, "status": "compared",
         "reason": "", "device": info.name, "arch": info.arch, "platform": info.platform, "dtype": dtype,

@@ -175,9 +175,13 @@ BUILDERS: dict[str, Builder] = {
 }
 
 
+# The name of a Hugging Face model built by the caller and handed over (`HFModel.wrap`).
+CUSTOM = "hf-custom"
+
+
 def is_hf(name: str) -> bool:
-    """Whether `name` is an HF builder (else a lab model preset)."""
-    return name in BUILDERS
+    """Whether `name` is an HF builder or `CUSTOM` (else a lab model preset)."""
+    return name in BUILDERS or name == CUSTOM
 
 
 class _LabLinear:
@@ -223,16 +227,37 @@ class HFModel:
         if name not in BUILDERS:
             raise ValueError(f"name: {name!r} is not a Hugging Face builder; accepted: {', '.join(BUILDERS)}")
         builder = BUILDERS[name]
-        self.name, self.device = name, torch.device(device)
-        self.dtype = dtype or builder.dtype
+        dev = torch.device(device)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = builder.build(num_layers, self.device)
-        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+            model = builder.build(num_layers, dev)
+        self._adopt(model.to(device=dev, dtype=dtype or builder.dtype), name)
+
+    def _adopt(self, model: nn.Module, name: str) -> None:
+        self.name = name
+        self.model = model.eval()
+        first = next(model.parameters())
+        self.device, self.dtype = first.device, first.dtype
         self.config = model.config
         self.vocab_size = int(model.config.vocab_size)
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @classmethod
+    def wrap(cls, model: nn.Module, name: str = CUSTOM) -> HFModel:
+        """An HFModel around a Hugging Face causal LM the caller built (any `*ForCausalLM` whose
+        forward takes input_ids, attention_mask, position_ids, use_cache and logits_to_keep).
+
+        Raises:
+            ValueError: not an nn.Module with a `config.vocab_size`.
+        """
+        if not isinstance(model, nn.Module) or not hasattr(getattr(model, "config", None), "vocab_size"):
+            raise ValueError(
+                f"model: expected a Hugging Face causal LM (an nn.Module with config.vocab_size), got {type(model).__name__}"
+            )
+        self = cls.__new__(cls)
+        self._adopt(model, name)
+        return self
 
     @contextlib.contextmanager
     def linear_backend(self, backend: str) -> Iterator[None]:

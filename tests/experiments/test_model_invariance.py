@@ -207,3 +207,35 @@ def test_hf_qwen3_next_torch_path_op_level_names_the_call_inside_the_module_blam
     assert not r.bitwise_equal and r.first_diff_step == 0
     assert r.module_culprit == "model.layers.0.linear_attn"
     assert r.first_changed_module == "model.layers.0.linear_attn.out_proj" and not r.first_changed_module_input_equal
+
+
+def test_any_hugging_face_causal_lm_built_by_the_caller():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, attn_implementation="sdpa")  # fmt: skip
+    model = transformers.LlamaForCausalLM(cfg)
+    exp = mi.Config(model="hf-custom", modes=["single"], prompt_lens=[5], batch_sizes=[3], max_new_tokens=2,
+                    device="cpu")  # fmt: skip
+    res = mi.run(exp, progress=False, model=model)
+    t = res.table
+    assert (t.model == "hf-custom").all() and (t.dtype == "float32").all() and t.control_caught.eq(True).all()
+    ctrl = t[t.is_control & t.traced]
+    assert ctrl.culprit_name.str.endswith(".matmul").all() and (ctrl.culprit_backend == "torch-splitk-by-batch").all()
+    with pytest.raises(ValueError, match="exactly when cfg.model is 'hf-custom'"):
+        mi.run(exp, progress=False)
+
+
+def test_every_registered_rule_predicts_the_same_from_a_kept_call_description():
+    # What the trace keeps (shapes, small index tensors) is all the lab's dispatch rules read.
+    from gdn_lab.ops import spec
+    from gdn_lab.rules.base import RuleEnv
+    from gdn_lab.trace.op_views import describe_call
+
+    ruled = [b for op in spec.names() for b in routing.backends(op) if b.rule is not None]
+    assert {b.name for b in ruled} >= {"aiter-triton-pa", "aiter-triton-unified"}
+    for b in ruled:
+        args = spec.get(b.op).example()
+        described = describe_call(args)
+        for env in (RuleEnv("gfx950", 256), RuleEnv("gfx942", 1)):
+            for i in range(len(args["seq_lens"])):  # every request of the example batch
+                assert b.rule.predict(described, i, env) == b.rule.predict(args, i, env), b.name
