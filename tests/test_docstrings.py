@@ -21,11 +21,13 @@ MODULES = [
     "gdn_lab.ops.spec",
     "gdn_lab.rules.base",
     "gdn_lab.experiments.config",
+    "gdn_lab.experiments.model_invariance",
     *[spec.get(op).function.__module__ for op in spec.names()],
     "gdn_lab.trace.layout",
     "gdn_lab.trace.hashing",
     "gdn_lab.trace.record",
     "gdn_lab.trace.diff",
+    "gdn_lab.trace.op_views",
     "gdn_lab.model.config",
     "gdn_lab.model.model",
 ]

@@ -240,6 +240,35 @@ def dispatch_switch_map(
     ax.set_ylabel("")
     ax.set_title(title)
     plt.setp(ax.get_yticklabels(), fontsize=7)
+
+
+@_styled(style="white")
+def response_heatmap(df: pd.DataFrame, title: str = "Responses that changed bits (of those compared)") -> Figure:
+    """Model invariance: per (mode, backend) row and (prompt length x batch size) column, the share
+    of compared responses whose token ids or logprobs changed in the batch; controls marked.
+
+    Args:
+        df: a `gdn_lab.experiments.model_invariance` table.
+    """
+    done = df[df.status == "compared"].copy()
+    if done.empty:
+        return _empty(title, "nothing ran")
+    done["differs"] = (~done.bitwise_equal.astype(bool)).astype(int)
+    done["row"] = done["mode"] + " · " + done.backend + done.is_control.map({True: " (control)", False: ""})
+    done["case"] = done.target_len.astype(int).astype(str) + "×" + done.batch_size.astype(int).astype(str)
+    order = done.drop_duplicates("case").sort_values(["target_len", "batch_size"]).case.tolist()
+    share = done.pivot_table(index="row", columns="case", values="differs", aggfunc="mean", sort=False)[order]
+    counts = done.pivot_table(index="row", columns="case", values="differs", aggfunc=["sum", "size"], sort=False)
+    labels = share.copy().astype(object)
+    for r in share.index:
+        for c in share.columns:
+            n = counts[("size", c)].get(r)
+            labels.loc[r, c] = "" if pd.isna(n) else f"{int(counts[('sum', c)][r])}/{int(n)}"
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(order) + 5), 1.2 + 0.4 * len(share)))
+    sns.heatmap(share, annot=labels, fmt="", cmap="Reds", vmin=0, vmax=1, cbar=False, linewidths=0.5, ax=ax)
+    ax.set_xlabel("prompt length × batch size")
+    ax.set_ylabel("")
+    ax.set_title(title)
     fig.tight_layout()
     return fig
 
@@ -313,4 +342,56 @@ def ksplit_bits(
     names = [*OUTCOMES, "SGLang takes another kernel"]
     fig.legend(handles, names, loc="lower center", ncol=4, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.08 + 1.0 / (2.0 + 0.3 * len(codes)), 1, 1))
+
+
+@_styled(style="white")
+def layer_divergence(
+    layers: pd.DataFrame, title: str = "Where along the layers the request's hashes first diverge", max_rows: int = 12
+) -> Figure:
+    """One row per compared response whose hashes changed, at the first step where any did; one
+    column per layer (embed: before the first layer, 0..L-1, head: after the last). A cell is the
+    share of that layer's calls whose output changed for the request; * marks a culprit (a call
+    whose inputs were equal): the change starts there and spreads to the layers after it.
+
+    Args:
+        layers: `Result.layers` of `gdn_lab.experiments.model_invariance`.
+        max_rows: responses shown (the first per mode, backend and batch size, then the rest).
+    """
+    changed = layers[layers.outputs_changed > 0]
+    if changed.empty:
+        return _empty(title, "no layer changed the request's bits in any compared response")
+    first_step = changed.groupby("comparison").step.min()
+    at = layers[layers.step == layers.comparison.map(first_step)].copy()
+    at = at[at.comparison.isin(first_step.index)]
+    at["share"] = at.outputs_changed / at.calls.clip(lower=1)
+    heads = at.drop_duplicates("comparison")
+    lead = heads.drop_duplicates(["mode", "backend", "batch_size"]).comparison.tolist()
+    chosen = (lead + [c for c in heads.comparison if c not in lead])[:max_rows]
+    names = {
+        r.comparison: f"{r.mode} · {r.backend}{' (control)' if r.is_control else ''} · {r.target_len} tok × {r.batch_size}"
+        + (f" · row {r.position}" if r.mode == "single" else "")
+        + f" · step {int(r.step)}"
+        for r in heads.itertuples()
+    }
+    columns = layers.drop_duplicates("layer").sort_values("layer")[["layer", "layer_label"]]
+    share = at.pivot_table(index="comparison", columns="layer", values="share", aggfunc="max")
+    share = share.reindex(index=chosen, columns=columns.layer)
+    culprits = at.pivot_table(index="comparison", columns="layer", values="culprits", aggfunc="sum")
+    culprits = culprits.reindex(index=chosen, columns=columns.layer).fillna(0)
+    annot = share.copy().astype(object)
+    for comp in share.index:
+        for lay in share.columns:
+            v = share.loc[comp, lay]
+            annot.loc[comp, lay] = "" if pd.isna(v) else f"{v:.0%}{'*' if culprits.loc[comp, lay] > 0 else ''}"
+    share.index = [names[c] for c in share.index]
+    share.columns = columns.layer_label.tolist()
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.7 * share.shape[1] + 6), 1.5 + 0.42 * len(share)))
+    sns.heatmap(
+        share.astype(float), annot=annot, fmt="", cmap="Reds", vmin=0, vmax=1, linewidths=0.5, ax=ax,
+        cbar_kws={"label": "share of the layer's calls changed"}, annot_kws={"fontsize": 8},
+    )  # fmt: skip
+    ax.set_xlabel("layer (embed: before the first layer, head: after the last)")
+    ax.set_ylabel("")
+    ax.set_title(title)
+    fig.tight_layout()
     return fig

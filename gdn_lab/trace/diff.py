@@ -21,9 +21,11 @@ input, and calls whose only difference is unaligned are never culprits.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
-from gdn_lab.trace.record import Entry, TensorRecord, Trace
+from gdn_lab.trace.record import FUNCTION, LAB_OP, MODULE, Entry, TensorRecord, Trace
 
 COLUMNS = [
     "order", "step", "name", "kind", "op", "call_index", "module", "parent", "backend_a", "backend_b",
@@ -31,6 +33,7 @@ COLUMNS = [
     "unaligned_inputs", "unaligned_outputs", "matched", "error", "culprit",
 ]  # fmt: skip
 EQUAL, CHANGED, UNALIGNED_DIFF = "equal", "changed", "unaligned"
+KINDS = (MODULE, FUNCTION, LAB_OP)
 
 
 def _check_request(name: str, trace: Trace, request: int | str) -> None:
@@ -95,7 +98,13 @@ def _describe(keys: list[tuple[int, str, int]]) -> str:
 
 
 def diff(
-    tr_a: Trace, tr_b: Trace, request_a: int | str, request_b: int | str | None = None, *, strict: bool = True
+    tr_a: Trace,
+    tr_b: Trace,
+    request_a: int | str,
+    request_b: int | str | None = None,
+    *,
+    strict: bool = True,
+    kinds: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Compare one request's hashes call by call between two traces.
 
@@ -106,6 +115,9 @@ def diff(
         request_b: its id in tr_b's layouts (default: request_a).
         strict: raise when the traces' calls differ (over the steps both hold the request); with
             False, unmatched calls are rows with matched=False and are never culprits.
+        kinds: compare only calls of these kinds ("module", "function", "lab_op"; default all);
+            a call's parent is then its nearest enclosing call of a kept kind, so
+            `kinds=("module",)` on two level="ops" traces gives what two level="modules" traces give.
 
     Returns:
         One row per call of tr_a in a step where both traces hold the request, in execution order.
@@ -117,7 +129,7 @@ def diff(
 
     Raises:
         ValueError: a trace is not a Trace, the levels differ, a request is in none of its trace's
-            layouts, or (strict) the traces diverge in structure.
+            layouts, an unknown kind, or (strict) the traces diverge in structure.
 
     Example:
         >>> import torch
@@ -144,13 +156,29 @@ def diff(
         raise ValueError(
             f"tr_a, tr_b: recorded at level {tr_a.level!r} and {tr_b.level!r}; accepted: two traces of one level"
         )
+    if kinds is not None:
+        kinds = tuple(kinds)
+        bad = [k for k in kinds if k not in KINDS]
+        if bad or not kinds:
+            raise ValueError(f"kinds: {bad or 'none'} not accepted; accepted: a non-empty list of {', '.join(KINDS)}")
     request_b = request_a if request_b is None else request_b
     _check_request("request_a", tr_a, request_a)
     _check_request("request_b", tr_b, request_b)
     _check_layouts("tr_a", tr_a)
     _check_layouts("tr_b", tr_b)
-    ea = [e for e in tr_a.entries if request_a in e.layout]
-    eb_all = [e for e in tr_b.entries if request_b in e.layout]
+    all_a = tr_a.entries
+
+    def kept(e: Entry) -> bool:
+        return kinds is None or e.kind in kinds
+
+    def parent_of(e: Entry) -> int | None:
+        p = e.parent
+        while p is not None and not kept(all_a[p]):
+            p = all_a[p].parent
+        return p
+
+    ea = [e for e in all_a if request_a in e.layout and kept(e)]
+    eb_all = [e for e in tr_b.entries if request_b in e.layout and kept(e)]
     common = {e.step for e in ea} & {e.step for e in eb_all}
     ea = [e for e in ea if e.step in common]
     eb = {_key(e): e for e in eb_all if e.step in common}
@@ -163,12 +191,14 @@ def diff(
             f"{_describe(only_b)}. Record both runs with the same model code, or pass strict=False"
         )
     names = {e.index: e.name for e in tr_a._entries}
+    parents = {e.index: parent_of(e) for e in ea}
     rows: dict[int, dict] = {}
     for e in ea:
         other = eb.get(_key(e))
+        parent = parents[e.index]
         row = {
             "order": e.index, "step": e.step, "name": e.name, "kind": e.kind, "op": e.op, "call_index": e.call_index,
-            "module": e.module, "parent": names.get(e.parent, "") if e.parent is not None else "",
+            "module": e.module, "parent": names.get(parent, "") if parent is not None else "",
             "backend_a": e.backend, "backend_b": other.backend if other else None,
             "matched": other is not None, "error": e.error or (other is not None and other.error), "culprit": False,
         }  # fmt: skip
@@ -191,8 +221,9 @@ def diff(
             row["matched"] and not row["error"] and row["n_inputs"] > 0 and row["input_equal"]
             and row["changed_outputs"] and e.index not in culprit_inside
         )  # fmt: skip
-        if e.parent is not None and (row["culprit"] or e.index in culprit_inside):
-            culprit_inside.add(e.parent)
+        parent = parents[e.index]
+        if parent is not None and (row["culprit"] or e.index in culprit_inside):
+            culprit_inside.add(parent)
     return pd.DataFrame([rows[e.index] for e in ea], columns=COLUMNS)
 
 

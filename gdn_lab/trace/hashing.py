@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gdn_lab.trace.layout import UNALIGNED, Layout
+from gdn_lab.trace.layout import PADDED, UNALIGNED, Layout
 from gdn_lab.trace.mixing import M1, M2, G, S  # the definition's constants (shared with triton_hash)
 
 IMPLS = ("auto", "torch", "triton")
@@ -148,7 +148,8 @@ def row_hashes(t: torch.Tensor, layout: Layout, *, impl: str = "auto") -> torch.
 
     Args:
         t: a tensor whose leading dim is the layout's token rows ([T, ...] packed, [N, ...] one row
-            per request) or its number of requests ([N, ...]); any dtype (fp32, bf16, fp16, fp8,
+            per request) or its number of requests ([N, ...]), or, in a padded layout, [N, T, ...]
+            (the padding left out); any dtype (fp32, bf16, fp16, fp8,
             ints, bool, complex), any strides.
         layout: how the rows map to requests.
         impl: "auto" (one fused Triton kernel on CUDA/ROCm, torch ops elsewhere), "torch" or
@@ -178,10 +179,13 @@ def row_hashes(t: torch.Tensor, layout: Layout, *, impl: str = "auto") -> torch.
             f"({layout.num_requests}); accepted: [{layout.num_rows}, ...] or [{layout.num_requests}, ...] "
             "(hash other tensors whole with tensor_hash)"
         )
-    rows, salt = _rows_of(t, resolve_impl(impl, t.device))
+    rows, salt = _rows_of(t.flatten(0, 1) if alignment == PADDED else t, resolve_impl(impl, t.device))
     seg, pos = layout.rows(alignment, t.device)
-    out = torch.zeros(layout.num_requests, dtype=torch.int64, device=t.device)
-    return out.index_add_(0, seg, contributions(rows, salt, pos))
+    c = contributions(rows, salt, pos)
+    out = torch.zeros(layout.num_requests + 1, dtype=torch.int64, device=t.device)
+    # padding rows (seg -1) go to a spare slot that is dropped
+    out.index_add_(0, torch.where(seg >= 0, seg, layout.num_requests), c)
+    return out[:-1]
 
 
 def tensor_hash(t: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:

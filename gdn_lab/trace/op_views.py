@@ -10,7 +10,10 @@ other request's state too, so a cache-reading op could never have "equal inputs"
 - addresses (`slots`, `kv_indices`, `cache_indices`) are physical placement and are not compared;
 - pools updated in place are hashed again after the run, as outputs.
 
-Everything else follows the layout's leading-dim rule. An op not listed here (matmul, rms_norm, a new
+Everything else follows the layout's leading-dim rule.
+
+`describe_call` keeps what a dispatch rule reads of a call (shapes, dtypes, the small index
+tensors), for `record(..., keep_calls=True)`. An op not listed here (matmul, rms_norm, a new
 op) uses that rule for every argument. When an op's batch is not the layout's (its request count
 differs), its arguments are hashed by the leading-dim rule too.
 """
@@ -160,3 +163,59 @@ def split_args(
         else:
             plain.append((name, value))
     return views, plain
+
+
+# Integer tensors up to this many elements (seq_lens, indptrs, page tables, slots) are kept whole by
+# `describe_call`; larger or floating-point tensors keep only their shape, dtype and device.
+SMALL_INDEX_NUMEL = 1 << 16
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """A tensor's shape, dtype and device, standing in for it in a call description.
+
+    Example:
+        >>> m = TensorMeta.of(torch.zeros(3, 4, dtype=torch.float16))
+        >>> m.shape[1], m.dtype, m.dim()
+        (4, torch.float16, 2)
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorMeta:
+        return cls(tuple(t.shape), t.dtype, t.device)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim: int | None = None) -> tuple[int, ...] | int:
+        return self.shape if dim is None else self.shape[dim]
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+
+def describe_call(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A cheap description of a lab op's validated arguments, for its backend's dispatch rule.
+
+    Integer and bool tensors of at most SMALL_INDEX_NUMEL elements are copied (on their device: no
+    host synchronisation; in-place updates later do not reach the copy); other tensors become a
+    `TensorMeta`; every other value is kept as is.
+
+    Example:
+        >>> d = describe_call({"q": torch.zeros(2, 4, 8), "seq_lens": torch.tensor([3, 5]), "page_size": 16})
+        >>> d["q"].shape, d["seq_lens"].tolist(), d["page_size"]
+        ((2, 4, 8), [3, 5], 16)
+    """
+    out: dict[str, Any] = {}
+    for name, value in args.items():
+        if isinstance(value, torch.Tensor):
+            small_index = not (value.dtype.is_floating_point or value.dtype.is_complex)
+            small_index = small_index and value.numel() <= SMALL_INDEX_NUMEL and value.layout == torch.strided
+            out[name] = value.detach().clone() if small_index else TensorMeta.of(value)
+        else:
+            out[name] = value
+    return out

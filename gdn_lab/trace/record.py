@@ -46,8 +46,8 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from gdn_lab import routing
 from gdn_lab.trace.hashing import HashSink
-from gdn_lab.trace.layout import UNALIGNED, Layout
-from gdn_lab.trace.op_views import RowsView, split_args
+from gdn_lab.trace.layout import PADDED, UNALIGNED, Layout
+from gdn_lab.trace.op_views import RowsView, describe_call, split_args
 
 LEVELS = ("modules", "ops")
 MODULE, FUNCTION, LAB_OP = "module", "function", "lab_op"
@@ -115,6 +115,9 @@ class Entry:
         backend: the backend that ran (lab ops), else None.
         inputs, outputs: the hashed tensors.
         error: the call raised (its outputs are missing).
+        call: lab ops recorded with `keep_calls=True`: a cheap description of the call's validated
+            arguments (`gdn_lab.trace.op_views.describe_call`: shapes, small index tensors, the
+            other values), what a dispatch rule needs to predict the launch; else None.
     """
 
     index: int
@@ -130,6 +133,7 @@ class Entry:
     inputs: list[TensorRecord] = field(default_factory=list)
     outputs: list[TensorRecord] = field(default_factory=list)
     error: bool = False
+    call: dict[str, Any] | None = None
 
 
 class Trace:
@@ -253,7 +257,8 @@ class Trace:
             else:
                 seg, pos = layout.rows(alignment, t.device)
                 base = sink.slots(layout.num_requests)
-                sink.add(t, seg=seg, pos=pos, base=base, whole_slot=whole)
+                rows = t.flatten(0, 1) if alignment == PADDED else t
+                sink.add(rows, seg=seg, pos=pos, base=base, whole_slot=whole)
             records.append(
                 TensorRecord(path, tuple(t.shape), str(t.dtype).removeprefix("torch."), alignment, layout, base, whole)
             )
@@ -329,8 +334,9 @@ class _Frame:
 class _Recorder:
     """The hooks, the function mode and the lab-op observer of one `record` block."""
 
-    def __init__(self, model: torch.nn.Module, trace: Trace) -> None:
+    def __init__(self, model: torch.nn.Module, trace: Trace, keep_calls: bool = False) -> None:
         self.trace = trace
+        self.keep_calls = keep_calls
         self.root = type(model).__name__
         self.frames: list[_Frame] = []
         self.module_depth = 0
@@ -403,6 +409,8 @@ class _Recorder:
         name = f"{self.label(module)}.{op}" if self.frames else op
         entry = tr._open(LAB_OP, name, op, module, parent, decision.name)
         with _quiet():
+            if self.keep_calls:
+                entry.call = describe_call(args)
             views, plain = split_args(op, args, entry.layout.num_requests)
             entry.inputs = tr._hash_views(views, entry.layout) + tr._hash(
                 [item for p, v in plain for item in _tensors(v, p)], entry.layout
@@ -478,7 +486,7 @@ class _FunctionMode(TorchFunctionMode):
 
 @contextlib.contextmanager
 def record(
-    model: torch.nn.Module, layout: Layout, level: str = "modules", *, hash_impl: str = "auto"
+    model: torch.nn.Module, layout: Layout, level: str = "modules", *, hash_impl: str = "auto", keep_calls: bool = False
 ) -> Iterator[Trace]:
     """Record every call of `model` (and, at level="ops", its torch functions and gdn_lab ops)
     with per-request hashes of its inputs and outputs.
@@ -490,6 +498,9 @@ def record(
         level: "modules" (module calls) or "ops" (also torch functions inside the model's modules
             and every gdn_lab.ops call in the block, with the backend that ran).
         hash_impl: "auto", "torch" or "triton" (see `row_hashes`).
+        keep_calls: keep, for every lab-op entry, a cheap description of its arguments
+            (`Entry.call`: shapes, dtypes and copies of the small integer tensors such as seq_lens,
+            never the large tensors), so a backend's dispatch rule can later predict the launch.
 
     Yields:
         The Trace, filled as the model runs; read it (entries, `diff`) after the block.
@@ -515,8 +526,10 @@ def record(
         raise ValueError(f"layout: expected a gdn_lab.trace.Layout, got {type(layout).__name__}")
     if level not in LEVELS:
         raise ValueError(f"level: {level!r} is not accepted; expected one of {', '.join(map(repr, LEVELS))}")
+    if not isinstance(keep_calls, bool):
+        raise ValueError(f"keep_calls: expected true or false, got {keep_calls!r}")
     trace = Trace(level, layout, HashSink(hash_impl))
-    rec = _Recorder(model, trace)
+    rec = _Recorder(model, trace, keep_calls)
     with contextlib.ExitStack() as stack:
         stack.callback(rec.close)
         for path, module in model.named_modules():

@@ -20,7 +20,7 @@ import torch
 from gdn_lab import checks
 from gdn_lab.ops import spec
 from gdn_lab.ops.batch import Batch, BuildOptions, LinearShape, randn, request_rows, rows
-from gdn_lab.ops.matmul.reference import matmul_native, matmul_torch
+from gdn_lab.ops.matmul.reference import matmul_native, matmul_splitk_torch, matmul_torch
 from gdn_lab.routing import LIBRARY_TORCH, PRIORITY_REFERENCE, Backend, dispatch, register
 
 OP = "matmul"
@@ -45,7 +45,8 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, backend: str = "auto") -> torch.
         w: [K, N] in x's dtype; any strides (pass `linear.weight.t()` for an nn.Linear weight).
         backend: "auto" or a name from `gdn_lab.routing.backend_names("matmul")`: `torch` (the
             float64 reference), `triton` (batch-invariant), `torch-native` (torch.matmul: the
-            batch-variant control), `triton-splitk-by-batch` (a split-K control).
+            batch-variant control), `triton-splitk-by-batch` (a split-K control from the SM count),
+            `torch-splitk-by-batch` (a split-K control from M alone, varying on every device).
 
     Returns:
         [M, N] in x's dtype.
@@ -116,6 +117,19 @@ register(
         auto=False,
         variant_control=True,
         description="CONTROL: torch.matmul (cuBLAS on the GPU picks kernels by M)",
+    )
+)
+
+register(
+    Backend(
+        OP,
+        "torch-splitk-by-batch",
+        matmul_splitk_torch,
+        library=LIBRARY_TORCH,
+        priority=PRIORITY_REFERENCE,
+        auto=False,
+        variant_control=True,
+        description="CONTROL: torch split-K, K slices = next_pow2(ceil(64 / M)) (fewer rows, more slices), any device",
     )
 )
 

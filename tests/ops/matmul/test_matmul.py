@@ -76,11 +76,29 @@ def test_splitk_control_varies(device):
     torch.testing.assert_close(alone, batched, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_torch_splitk_control_varies_by_rows_on_every_device(device, dtype):
+    from gdn_lab.ops.matmul.reference import splitk_slices
+
+    x, w = _inputs(64, 256, 96, dtype, device, seed=3)
+    run = get(OP, "torch-splitk-by-batch").run
+    assert [splitk_slices(m, 256) for m in (1, 2, 16, 64)] == [32, 32, 4, 1]
+    full = run(x, w)
+    for m in (1, 16):  # more slices than the 64-row batch's one
+        assert not torch.equal(run(x[:m], w), full[:m]), f"M={m}"
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(full.float(), matmul(x, w, backend="torch").float(), atol=atol, rtol=rtol)
+
+
 def test_controls_are_registered_as_controls():
-    from gdn_lab.ops.matmul.reference import matmul_native
+    from gdn_lab.ops.matmul.reference import matmul_native, matmul_splitk_torch
     from gdn_lab.ops.matmul.triton_kernels import matmul_splitk_by_batch
 
-    for name, fn in (("torch-native", matmul_native), ("triton-splitk-by-batch", matmul_splitk_by_batch)):
+    for name, fn in (
+        ("torch-native", matmul_native),
+        ("triton-splitk-by-batch", matmul_splitk_by_batch),
+        ("torch-splitk-by-batch", matmul_splitk_torch),
+    ):
         b = get(OP, name)
         assert b.variant_control and not b.auto
         assert "control" in fn.__doc__.lower()
