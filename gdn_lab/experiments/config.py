@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -54,7 +55,7 @@ def positive_ints(name: str, value: Sequence[int]) -> None:
 
 
 def positive(name: str, value: float | None) -> None:
-    if value is not None and value <= 0:
+    if value is not None and not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name}: expected a positive number, got {value!r}")
 
 
@@ -74,6 +75,25 @@ def known_ops(name: str, value: Sequence[str]) -> None:
         raise ValueError(f"{name}: expected at least one op; accepted: {', '.join(op_spec.names())}")
     for v in value:
         checks.check_choice(name, v, tuple(op_spec.names()))
+
+
+def plain(value: Any) -> Any:
+    """A config value as plain data (lists, dicts, str, numbers, None): what YAML, JSON and a
+    notebook's parameters cell hold. Tuples become lists; torch devices and dtypes their names."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, torch.dtype):
+        return checks.dtype_name(value)
+    return value
+
+
+def known_kv_dtype(name: str, value: str) -> None:
+    """A KV-cache dtype name: "fp8" (the arch's format), "auto" (the compute dtype) or a compute dtype."""
+    resolve_kv_dtype(value, torch.float32, "cpu")
 
 
 def _type_name(hint: Any) -> str:
@@ -171,10 +191,18 @@ class ExperimentConfig:
         """A KV dtype name ("fp8": the arch's format) as a torch dtype; None keeps the compute dtype."""
         return None if kv_dtype is None else resolve_kv_dtype(kv_dtype, self.torch_dtype, arch or self.device_arch)
 
+    def plain(self) -> dict[str, Any]:
+        """Every field as plain data ({name: value}); `type(self)(**cfg.plain())` builds it again."""
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
+
     @classmethod
     def parameters(cls) -> dict[str, dict[str, Any]]:
-        """{field: {default, help}} for documentation and the suite runner."""
-        return {f.name: {"default": f.default, "help": f.metadata.get("help", "")} for f in fields(cls)}
+        """{field: {type, default, help}} for documentation and the suite runner (no default: MISSING)."""
+        hints = typing.get_type_hints(cls)
+        return {
+            f.name: {"type": _type_name(hints[f.name]), "default": f.default, "help": f.metadata.get("help", "")}
+            for f in fields(cls)
+        }
 
 
 def check_backends(name: str, op: str, backends: Sequence[str] | None, strict: bool = True) -> None:
@@ -195,8 +223,11 @@ def shape_of(op: str, shapes: Mapping[str, Mapping[str, int]]) -> Any:
     """The op's shape dataclass built from the config's {param: fields} (its `param`, e.g. "attention")."""
     cls = op_spec.get(op).shape
     given = shapes.get(cls.param) or {}
+    accepted = ", ".join(f.name for f in fields(cls))
+    unknown = sorted(set(given) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"{cls.param}: {', '.join(map(str, unknown))} not accepted; accepted fields: {accepted}")
     try:
         return cls(**given)
-    except TypeError as exc:
-        accepted = ", ".join(f.name for f in fields(cls))
-        raise ValueError(f"{cls.param}: {exc}; accepted fields: {accepted}") from None
+    except (TypeError, ValueError) as exc:  # a field's own check names the field: say whose field it is
+        raise ValueError(f"{cls.param}.{exc}" if ":" in str(exc).split(" ")[0] else f"{cls.param}: {exc}") from None
