@@ -34,15 +34,16 @@ def pytest_configure(config):
         raise pytest.UsageError("--device cuda: torch sees no CUDA/ROCm device; use --device cpu")
     os.environ["TRITON_INTERPRET"] = "1" if name == "cpu" else "0"
     config.stash[DEVICE_KEY] = torch.device(name)
+    # Only now: torch.use_deterministic_algorithms imports triton, and triton.language decorates its
+    # own jit functions (tl.sum, ...) in the mode TRITON_INTERPRET says at that moment.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
 
 
 def pytest_report_header(config):
     dev = config.stash[DEVICE_KEY]
     return f"gdn_lab test device: {dev} (TRITON_INTERPRET={os.environ['TRITON_INTERPRET']})"
 
-
-torch.use_deterministic_algorithms(True, warn_only=True)
-torch.utils.deterministic.fill_uninitialized_memory = True
 
 
 @pytest.fixture(scope="session")
