@@ -259,8 +259,12 @@ FLAGS = {"kv_dtype": "--kv-dtype", "max_context": "--max-context", "backends": "
 
 
 def _as_flag(message: str) -> str:
+    """A Config error as the flag that set the field: "attention.num_q_heads: ..." -> "--shape: num_q_heads: ..."."""
     head, sep, rest = message.partition(":")
-    return f"{FLAGS.get(head, head)}{sep}{rest}"
+    field, dot, sub = head.partition(".")
+    if field not in FLAGS:
+        return message
+    return f"{FLAGS[field]}: {sub}{sep}{rest}" if dot else f"{FLAGS[field]}{sep}{rest}"
 
 
 def invariance_exit(df, backend: str) -> tuple[int, str]:  # noqa: ANN001
@@ -284,6 +288,8 @@ def invariance_exit(df, backend: str) -> tuple[int, str]:  # noqa: ANN001
 
 
 def _invariance(args: argparse.Namespace) -> int:
+    import dataclasses
+
     import gdn_lab.ops
     from gdn_lab.device import interpreter_default
     from gdn_lab.experiments import batch_invariance
@@ -296,6 +302,11 @@ def _invariance(args: argparse.Namespace) -> int:
         max_context = args.max_context or (CPU_MAX_CONTEXT if device.type == "cpu" else GPU_MAX_CONTEXT)
         param = gdn_lab.ops.spec.get(args.op).shape.param  # "attention", "gdn" or "linear"
         shape = {**(CPU_SHAPES.get(param, {}) if device.type == "cpu" else {}), **(args.shape or {})}
+        shaped = param in {f.name for f in dataclasses.fields(batch_invariance.InvarianceConfig)}
+        if args.shape and not shaped:
+            raise ValueError(
+                f"--shape: {args.op}'s shape ({param}) is not a field of InvarianceConfig; it runs with its defaults"
+            )
         cfg = batch_invariance.InvarianceConfig(
             op=args.op,
             backends=[args.backend],
@@ -306,7 +317,7 @@ def _invariance(args: argparse.Namespace) -> int:
             dtype=args.dtype or ("float32" if device.type == "cpu" else "bfloat16"),
             kv_dtype=None if args.kv_dtype in (None, "auto") else args.kv_dtype,
             max_context=max_context,
-            **{param: shape or None},
+            **({param: shape or None} if shaped else {}),
         )
     except ValueError as exc:
         print(f"error: {_as_flag(str(exc))}", file=sys.stderr)

@@ -45,7 +45,6 @@ def pytest_report_header(config):
     return f"gdn_lab test device: {dev} (TRITON_INTERPRET={os.environ['TRITON_INTERPRET']})"
 
 
-
 @pytest.fixture(scope="session")
 def device(pytestconfig) -> torch.device:
     """The session's device (`--device`); tensors a Triton kernel reads must live here."""

@@ -32,9 +32,11 @@ from gdn_lab.experiments.config import (
     ExperimentConfig,
     check,
     check_backends,
+    known_arch,
     known_kv_dtype,
     known_op,
     known_ops,
+    make_shape,
     positive,
     positive_ints,
     shape_of,
@@ -42,7 +44,7 @@ from gdn_lab.experiments.config import (
 from gdn_lab.experiments.loop import Case, Comparison, Metrics, alone_vs_batched, frame, run_backend, select_backends
 from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
 from gdn_lab.ops import spec as op_spec
-from gdn_lab.ops.batch import BuildOptions
+from gdn_lab.ops.batch import AttentionShape, BuildOptions, GDNShape
 from gdn_lab.workloads import DEFAULT_MAX_CONTEXT, alone, make_batch, target_request
 
 DEFAULT_TARGETS = (1, 255, 256, 257)
@@ -84,7 +86,7 @@ class InvarianceConfig(ExperimentConfig):
     batch_sizes: tuple[int, ...] = field(default=DEFAULT_BATCH_SIZES, metadata=check(positive_ints, "batch sizes"))
     trials: int = field(default=1, metadata=check(positive, "batches per (target, batch size)"))
     kv_dtype: str | None = field(default=None, metadata=check(known_kv_dtype, "KV cache dtype"))
-    arch: str | None = None
+    arch: str | None = field(default=None, metadata=check(known_arch, "the arch whose fp8 format is used"))
     attention: dict[str, int] | None = None
     gdn: dict[str, int] | None = None
     linear: dict[str, int] | None = None
@@ -256,12 +258,52 @@ class InvarianceByOpConfig(ExperimentConfig):
 
     def validate(self) -> None:
         super().validate()
+        for shape in (AttentionShape, GDNShape):  # a shared shape is checked even where op_overrides replace it
+            if getattr(self, shape.param) is not None:
+                make_shape(shape, getattr(self, shape.param))
         self.configs()  # noqa: B018  (every op's config is checked now)
+
+    def unused(self) -> dict[str, str]:
+        """Shared fields no op reads: every op that takes the field gets its own from op_overrides,
+        or no op takes it (kv_dtype without a KV-cache op, a shape no op has, targets of fixed-length ops)."""
+        overrides = self.op_overrides or {}
+        out = {}
+        for f in fields(self):
+            if f.name in ("ops", "op_overrides", "seed", "device"):
+                continue
+            takers = [op for op in self.ops if _takes(op, f.name)]
+            own = [op for op in takers if f.name in (overrides.get(op) or {})]
+            if not takers:
+                out[f.name] = f"none of {', '.join(self.ops)} {_TAKES_WHAT.get(f.name, 'takes it')}"
+            elif len(own) == len(takers):
+                out[f.name] = f"op_overrides gives {', '.join(own)} their own {f.name}"
+        return out
 
     def configs(self) -> list[InvarianceConfig]:
         """One InvarianceConfig per op (see `configs`)."""
         common = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("ops", "op_overrides")}
         return configs(self.ops, self.op_overrides, **common)
+
+
+_TAKES_WHAT = {
+    "kv_dtype": "has a KV cache",
+    "attention": "takes an attention shape",
+    "gdn": "takes a GDN shape",
+    "targets": "has a target length (fixed-length ops ignore targets)",
+    "max_context": "has batchmates of varying length",
+}
+
+
+def _takes(op: str, name: str) -> bool:
+    """Whether an op's experiment reads the shared field `name`."""
+    spec = op_spec.get(op)
+    if name == "kv_dtype":
+        return bool(spec.kv_cache)
+    if name in ("attention", "gdn", "linear"):
+        return spec.shape.param == name
+    if name in ("targets", "max_context"):
+        return not spec.fixed_length
+    return True
 
 
 def run_ops(

@@ -91,6 +91,16 @@ def plain(value: Any) -> Any:
     return value
 
 
+def known_arch(name: str, value: str) -> None:
+    """An arch whose fp8 format the lab knows: gfx942, gfx950, sm_XX, cpu."""
+    from gdn_lab.device import fp8_dtypes_for
+
+    try:
+        fp8_dtypes_for(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}".replace(f"arch {value!r}", repr(value), 1)) from None
+
+
 def known_kv_dtype(name: str, value: str) -> None:
     """A KV-cache dtype name: "fp8" (the arch's format), "auto" (the compute dtype) or a compute dtype."""
     resolve_kv_dtype(value, torch.float32, "cpu")
@@ -191,6 +201,12 @@ class ExperimentConfig:
         """A KV dtype name ("fp8": the arch's format) as a torch dtype; None keeps the compute dtype."""
         return None if kv_dtype is None else resolve_kv_dtype(kv_dtype, self.torch_dtype, arch or self.device_arch)
 
+    def unused(self) -> dict[str, str]:
+        """{field: why}: fields whose value nothing in this experiment reads (a config that fans out
+        to several ops overrides some per op). The suite runner refuses a `-p` value for one of
+        them, which would otherwise be accepted silently. Default: none."""
+        return {}
+
     def plain(self) -> dict[str, Any]:
         """Every field as plain data ({name: value}); `type(self)(**cfg.plain())` builds it again."""
         return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
@@ -219,10 +235,9 @@ def check_backends(name: str, op: str, backends: Sequence[str] | None, strict: b
             )
 
 
-def shape_of(op: str, shapes: Mapping[str, Mapping[str, int]]) -> Any:
-    """The op's shape dataclass built from the config's {param: fields} (its `param`, e.g. "attention")."""
-    cls = op_spec.get(op).shape
-    given = shapes.get(cls.param) or {}
+def make_shape(cls: Any, given: Mapping[str, int] | None) -> Any:
+    """A shape dataclass (`AttentionShape`, `GDNShape`, ...) from {field: value}, errors named `<param>.<field>`."""
+    given = given or {}
     accepted = ", ".join(f.name for f in fields(cls))
     unknown = sorted(set(given) - {f.name for f in fields(cls)})
     if unknown:
@@ -231,3 +246,9 @@ def shape_of(op: str, shapes: Mapping[str, Mapping[str, int]]) -> Any:
         return cls(**given)
     except (TypeError, ValueError) as exc:  # a field's own check names the field: say whose field it is
         raise ValueError(f"{cls.param}.{exc}" if ":" in str(exc).split(" ")[0] else f"{cls.param}: {exc}") from None
+
+
+def shape_of(op: str, shapes: Mapping[str, Mapping[str, int]]) -> Any:
+    """The op's shape dataclass built from the config's {param: fields} (its `param`, e.g. "attention")."""
+    cls = op_spec.get(op).shape
+    return make_shape(cls, shapes.get(cls.param))

@@ -28,6 +28,7 @@ from gdn_lab.experiments.config import (
     ExperimentConfig,
     check,
     check_backends,
+    known_arch,
     known_op,
     positive,
     positive_ints,
@@ -69,7 +70,7 @@ class ParityConfig(ExperimentConfig):
     gdn: dict[str, int] | None = None
     max_context: int = field(default=4096, metadata=check(positive))
     quantize_fp8: bool = True
-    arch: str | None = None
+    arch: str | None = field(default=None, metadata=check(known_arch, "the arch whose fp8 format is used"))
     include_controls: bool = False
 
     def validate(self) -> None:
@@ -143,7 +144,7 @@ class FusedPrefillConfig(ExperimentConfig):
     gdn: dict[str, int] | None = None
     max_context: int = field(default=4096, metadata=check(positive))
     quantize_fp8: bool = True
-    arch: str | None = None
+    arch: str | None = field(default=None, metadata=check(known_arch, "the arch whose fp8 format is used"))
 
     def validate(self) -> None:
         super().validate()

@@ -67,6 +67,31 @@ class Preset:
         return f"preset {self.name}, {where}.{key}"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps
+    the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001, ANN201
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def yaml_load(text: str) -> Any:
+    """YAML as presets and `-p` values are read: safe, and no key given twice in one mapping.
+
+    Raises:
+        yaml.YAMLError: malformed YAML or a repeated key (with the line in its `problem_mark`).
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def available(preset_dir: Path = PRESET_DIR) -> list[str]:
     """The names of the presets in `preset_dir`."""
     return sorted(p.stem for p in preset_dir.glob("*.yaml"))
@@ -112,7 +137,7 @@ def load(name: str | os.PathLike, preset_dir: Path = PRESET_DIR) -> Preset:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"preset {path}: cannot be read ({type(exc).__name__}: {exc})") from None
     try:
-        data = yaml.safe_load(raw)
+        data = yaml_load(raw)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""

@@ -113,7 +113,7 @@ def parse_overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
         if key in out:
             raise RunError(f"-p: {key} is given twice ({out[key]!r} and {value!r}); give it once")
         try:
-            out[key] = yaml.safe_load(value)
+            out[key] = presets_mod.yaml_load(value)
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise RunError(f"-p {key}: {value!r} is not a valid YAML value ({problem})") from None
@@ -225,6 +225,12 @@ def plan(
             cfg = params_mod.resolve(sch.config, name, preset=preset, given=given, given_source=source)
         except params_mod.ParameterError as exc:
             raise RunError(str(exc)) from None
+        unused = cfg.unused()
+        for key in sorted(set(mine) & set(unused)):
+            raise RunError(
+                f"-p {key}: no op of {name} uses this shared value: {unused[key]}; set it per op in op_overrides, "
+                f"or leave it out"
+            )
         injected = params_mod.injected(cfg, preset.name, out / name)
         plans.append(NotebookPlan(name, notebooks[name], cfg, injected, provenance.notebook_version(notebooks[name])))
     return plans

@@ -99,7 +99,9 @@ def test_another_environment_compares_verdicts_only(gate):
 def _preset(tmp_path, cases, device):
     path = tmp_path / "gate.yaml"
     path.write_text(
-        yaml.safe_dump({"description": "test gate", "gate": {"device": device.type, "dtype": "float32", "cases": cases}})
+        yaml.safe_dump(
+            {"description": "test gate", "gate": {"device": device.type, "dtype": "float32", "cases": cases}}
+        )
     )
     return str(path)
 

@@ -11,7 +11,18 @@ from gdn_lab.ops.decode_attention.reference import decode_attention_torch
 
 def test_json_lines_one_per_row(capsys, device):
     code = cli.main(
-        ["invariance", "--op", "gdn_decode", "--backend", "torch", "--device", device.type, "--batch-sizes", "2,8", "--json"]
+        [
+            "invariance",
+            "--op",
+            "gdn_decode",
+            "--backend",
+            "torch",
+            "--device",
+            device.type,
+            "--batch-sizes",
+            "2,8",
+            "--json",
+        ]
     )
     captured = capsys.readouterr()
     rows = [json.loads(line) for line in captured.out.splitlines()]
@@ -20,7 +31,9 @@ def test_json_lines_one_per_row(capsys, device):
     assert len(torch_rows) == 4 and all(r["bitwise_equal"] for r in torch_rows)  # out and state, 2 batch sizes
     assert {r["tensor"] for r in torch_rows} == {"out", "state"}
     assert all(r["target_len"] == 1 and r["seed"] == 0 for r in torch_rows)
-    assert "verdict: invariant: torch kept its bits in all 4 comparisons; the control was caught (exit 0)" in captured.err
+    assert (
+        "verdict: invariant: torch kept its bits in all 4 comparisons; the control was caught (exit 0)" in captured.err
+    )
 
 
 def test_table_and_summary(capsys, device):

@@ -41,7 +41,7 @@ def test_failing_notebook_does_not_stop_the_others(suite, tmp_path, monkeypatch,
     assert "TRITON_INTERPRET 1" in "".join(o.get("text", "") for o in executed.cells[-1].outputs)
     page = (out / "01_first.html").read_text()
     assert "gdn-code-toggle" in page and "require.min.js" not in page and 'class="gdn-hide-code' in page
-    assert page.index("value is 5") < page.index("<div class=\"jp-Cell"), "the headline sits on top of the report"
+    assert page.index("value is 5") < page.index('<div class="jp-Cell'), "the headline sits on top of the report"
     index = (out / "index.html").read_text()
     assert "planted failure" in index and "value is 5" in index and 'href="03_last.html"' in index
     assert "1 of 3 notebooks are not ok: 02_broken" in index, "the index starts with the overall verdict"

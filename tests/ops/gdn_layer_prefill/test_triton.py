@@ -143,7 +143,9 @@ BATCHES = [  # (seeds, lengths, slots, has_initial_state, target position)
 
 def target_view(backend, seeds, lengths, slots, has_init, position, device):
     """The target's normalized, fp8 and scale rows and its conv and delta state slots."""
-    args = layer_args(seeds, lengths, slots, has_init, device, hk=1, hv=2, d=64, dtype=torch.bfloat16, quantize_fp8=True)
+    args = layer_args(
+        seeds, lengths, slots, has_init, device, hk=1, hv=2, d=64, dtype=torch.bfloat16, quantize_fp8=True
+    )
     (norm, quant, scales), conv, delta = run(backend, args)
     cu, slot = args["cu_seqlens"].tolist(), slots[position]
     rows = slice(cu[position], cu[position + 1])

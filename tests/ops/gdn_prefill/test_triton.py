@@ -64,7 +64,9 @@ CASES = [
 @pytest.mark.parametrize("hk,hv,d,lengths,slots,l2norm", CASES)
 def test_fp32_matches_the_references(hk, hv, d, lengths, slots, l2norm, device):
     """fp32 end to end: within atol 1e-5 / rtol 1e-4 of the token-by-token definition and of the chunked reference."""
-    args = batch_args(range(len(lengths)), lengths, slots, device, hk=hk, hv=hv, d=d, unit_k=not l2norm, use_qk_l2norm=l2norm)
+    args = batch_args(
+        range(len(lengths)), lengths, slots, device, hk=hk, hv=hv, d=d, unit_k=not l2norm, use_qk_l2norm=l2norm
+    )
     out, state = run("triton", args)
     for ref_backend in ("torch-recurrent", "torch"):
         ref_out, ref_state = run(ref_backend, args)
