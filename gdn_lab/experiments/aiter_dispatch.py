@@ -246,7 +246,7 @@ def aiter_dispatch(*, progress: bool = True, **kwargs: Any) -> pd.DataFrame:
     return run(DispatchConfig(**kwargs), progress=progress)
 
 
-CASE_FIELDS = ("targets", "batch_sizes", "min_context", "max_context", "new_tokens", "trials", "backends")
+CASE_FIELDS = ("targets", "batch_sizes", "min_context", "max_context", "new_tokens", "trials", "kv_dtype", "backends")
 
 
 def by_op_configs(
@@ -331,6 +331,20 @@ class DispatchByOpConfig(ExperimentConfig):
         if not any(cases is not None for cases in self.ops.values()):
             raise ValueError(f"ops: every op is null, so nothing would run; got {self.ops!r}")
         self.configs()
+
+    def unused(self) -> dict[str, str]:
+        """Shared fields every case set replaces (trials, kv_dtype): nothing reads the shared value."""
+        sets = [
+            one
+            for cases in self.ops.values()
+            if cases is not None
+            for one in ([cases] if isinstance(cases, Mapping) else cases)
+        ]
+        return {
+            name: f"every case set of ops gives its own {name}"
+            for name in ("trials", "kv_dtype")
+            if sets and all(isinstance(one, Mapping) and name in one for one in sets)
+        }
 
     def configs(self) -> list[DispatchConfig]:
         common = {n: getattr(self, n) for n in ("seed", "device", "dtype", "trials", "kv_dtype", "arch", "num_cus")}

@@ -106,6 +106,20 @@ def known_kv_dtype(name: str, value: str) -> None:
     resolve_kv_dtype(value, torch.float32, "cpu")
 
 
+def _human(hint: Any) -> str:
+    """A type hint as a message says it: "a mapping, a list of mappings or null"."""
+    origin, targs = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        names = [_human(a) for a in targs if a is not type(None)] + (["null"] if type(None) in targs else [])
+        return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+    if origin is tuple:
+        inner = _human(targs[0]).removeprefix("an ").removeprefix("a ")
+        return f"a list of {inner}s" if not inner.endswith("s") else f"a list of {inner}"
+    if origin in (dict, Mapping, typing.Mapping) or hint in (dict, Mapping):
+        return "a mapping"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, _type_name(hint))
+
+
 def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
@@ -124,7 +138,7 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
                 return _coerce(name, value, option)
             except ValueError as exc:
                 errors.append(str(exc))
-        raise ValueError(errors[0] if len(errors) == 1 else f"{name}: expected {_type_name(hint)}, got {value!r}")
+        raise ValueError(errors[0] if len(errors) == 1 else f"{name}: expected {_human(hint)}, got {value!r}")
     if origin is tuple:
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
             raise ValueError(f"{name}: expected a list of {_type_name(targs[0])}, got {value!r}")

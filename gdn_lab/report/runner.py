@@ -228,8 +228,8 @@ def plan(
         unused = cfg.unused()
         for key in sorted(set(mine) & set(unused)):
             raise RunError(
-                f"-p {key}: no op of {name} uses this shared value: {unused[key]}; set it per op in op_overrides, "
-                f"or leave it out"
+                f"-p {key}: {name} would not use this value: {unused[key]}; set it where it is read "
+                "(--dry-run shows every value), or leave it out"
             )
         injected = params_mod.injected(cfg, preset.name, out / name)
         plans.append(NotebookPlan(name, notebooks[name], cfg, injected, provenance.notebook_version(notebooks[name])))
