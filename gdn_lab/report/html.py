@@ -137,7 +137,7 @@ def verdict(summary: dict[str, Any]) -> tuple[str, str]:
     bad = [nb["name"] for nb in nbs if nb.get("status") != "ok"]
     errors = {nb["name"]: nb.get("error_rows") for nb in nbs if nb.get("error_rows")}
     runs = {nb.get("run_id") for nb in nbs if nb.get("run_id")}
-    codes = {nb.get("code_version") for nb in nbs if nb.get("code_version")}
+    codes = {nb.get("source_version") for nb in nbs if nb.get("source_version")}
     parts: list[str] = []
     if state == "running":
         level = "fail"
@@ -154,7 +154,7 @@ def verdict(summary: dict[str, Any]) -> tuple[str, str]:
         parts.append(f"{len(bad)} of {len(nbs)} notebooks are not ok: {', '.join(bad)}")
     else:
         level = "ok"
-        parts.append(f"All {len(nbs)} notebooks ran")
+        parts.append(f"All {len(nbs)} notebooks ran" if len(nbs) != 1 else "The notebook ran")
     if errors:
         level = "fail" if level == "fail" else "warn"
         parts.append("error rows in " + ", ".join(f"{n} ({c})" for n, c in errors.items()))
@@ -209,6 +209,11 @@ def index_html(summary: dict[str, Any]) -> str:
         if nb.get("run_id") and this and nb["run_id"] != this:
             other = runs.get(nb["run_id"], {})
             details.append(f'<div class="other-run">from another run: started {esc(str(other.get("started")))}</div>')
+        current = (run.get("code") or {}).get("source")
+        if nb.get("source_version") and current and nb["source_version"] != current:
+            details.append(
+                f'<div class="other-run">other code: source {esc(nb["source_version"])} (this run: {esc(current)})</div>'
+            )
         if nb.get("note"):
             details.append(f'<div class="note">{esc(nb["note"])}</div>')
         if nb.get("error_rows"):

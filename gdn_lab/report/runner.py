@@ -277,7 +277,10 @@ class NotebookResult:
         note: why it was skipped (resume), or that it comes from an earlier run.
         error_rows: rows with status "error" in its tables (`headline.json`).
         warnings: known warnings captured in its kernel (`gdn_lab.report.quiet`).
-        code_version: gdn_lab's source with this notebook (`provenance.notebook_version`).
+        code_version: gdn_lab's source with this notebook (`provenance.notebook_version`): what
+            `--resume` compares.
+        source_version: gdn_lab's source alone (`provenance.code_version()["source"]`): what the
+            index compares across notebooks.
         environment: the fingerprint fields its results depend on.
         files: ipynb, html, tables (paths relative to the run directory), partial (the ipynb is unfinished).
     """
@@ -296,6 +299,7 @@ class NotebookResult:
     config: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     code_version: str | None = None
+    source_version: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)
     files: dict[str, Any] = field(default_factory=dict)
 
@@ -696,6 +700,7 @@ def run_suite(
                     config=params_mod.config_name(type(nb.config)),
                     parameters=nb.parameters,
                     code_version=nb.code_version,
+                    source_version=run["code"]["source"],
                     environment=env,
                     files={"ipynb": f"{nb.name}.ipynb", "html": None, "tables": [], "partial": True},
                 )
