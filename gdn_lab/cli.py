@@ -210,7 +210,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"gdn-lab run: interrupted; what finished is in {out or 'the run directory'}/index.html", file=sys.stderr)
+        index = Path(out) / "index.html" if out is not None else None
+        where = f"; what finished is in {index}" if index is not None and index.exists() else " before anything ran"
+        print(f"gdn-lab run: interrupted{where}", file=sys.stderr)
         return 130
     failed = summary.failed()
     if failed:

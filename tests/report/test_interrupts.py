@@ -121,6 +121,8 @@ def test_sigkill_leaves_an_incomplete_index_with_the_partial_notebook_and_resume
     _, err = again.communicate(timeout=180)
     assert again.returncode == 0, err
     assert "01_first: skipped" in err and "02_sleepy (rerun: it was incomplete)" in err
+    for noise in ("[IPKernelApp]", "KeyboardInterrupt caught in kernel", "without encryption", "Traceback"):
+        assert noise not in err, err  # a normal run is quiet
     summary = json.loads((out / "summary.json").read_text())
     assert summary["state"] == "complete" and [nb["status"] for nb in summary["notebooks"]] == ["ok"] * 3
     assert len(summary["runs"]) == 2 and "INCOMPLETE" not in (out / "index.html").read_text()
