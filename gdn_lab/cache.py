@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gdn_lab.checks import FLOAT_DTYPES, FP8_DTYPES, dtype_name
+from gdn_lab.checks import FLOAT_DTYPES, FP8_DTYPES, check_positive, dtype_name
 from gdn_lab.quant import quantize_per_tensor
 
 
@@ -194,7 +194,27 @@ def random_paged_kv(
     seed: int = 0,
     shuffle: bool = True,
 ) -> PagedKV:
-    """A paged cache of random requests; request i's content comes from seed `seed + i`."""
+    """A paged cache of random requests; request i's content comes from seed `seed + i`.
+
+    Args:
+        seq_lens: tokens per request (at least one request, each > 0).
+        num_kv_heads, head_dim: Hkv and D (> 0).
+        page_size: tokens per page (> 0).
+        dtype: the K/V values' dtype; kv_dtype: the cache's (None: dtype; fp8 quantizes).
+        device: where the cache lives.
+        seed: request i draws from seed + i; the page shuffle from seed.
+        shuffle: scatter pages over the pool.
+
+    Raises:
+        ValueError: an empty or non-positive size, naming the parameter and the value.
+    """
+    if isinstance(seq_lens, (str, bytes)) or not isinstance(seq_lens, Sequence) or len(seq_lens) == 0:
+        raise ValueError(f"seq_lens: expected a non-empty list of positive ints, got {seq_lens!r}")
+    for i, n in enumerate(seq_lens):
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ValueError(f"seq_lens: every length must be a positive int, but entry {i} is {n!r}")
+    for name, value in (("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("page_size", page_size)):
+        check_positive(name, value)
     kvs = [
         random_kv(n, num_kv_heads, head_dim, dtype=dtype, device=device, seed=seed + i) for i, n in enumerate(seq_lens)
     ]

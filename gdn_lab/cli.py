@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 DESCRIPTION = """\
 gdn_lab asks one question of LLM inference kernels: does a request get the same bits whatever
@@ -23,6 +24,9 @@ examples:
   gdn-lab fingerprint --preset cpu-smoke --out golden.json      the regression gate's golden file
   gdn-lab check --golden golden.json                           rerun it: exit 1 if anything regressed
   gdn-lab compare runs/h200 runs/mi350x                         two runs (or fingerprints) side by side
+
+exit status: 2 for bad input everywhere (nothing runs); each command's --help gives its other codes;
+130 after Ctrl-C.
 """
 
 
@@ -104,44 +108,224 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _run(args: argparse.Namespace) -> int:
-    from gdn_lab.report.runner import RunError, run_suite
-
+def _positive_int(text: str) -> int:
     try:
-        summary = run_suite(args.preset, only=args.only, overrides=args.param, out=args.out, archive_to=args.archive)
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _shape(text: str) -> dict[str, int]:
+    out = {}
+    for pair in (p for p in text.split(",") if p.strip()):
+        key, sep, value = pair.partition("=")
+        try:
+            out[key.strip()] = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected FIELD=INT[,FIELD=INT...], got {text!r}") from None
+        if not sep or not key.strip().isidentifier():
+            raise argparse.ArgumentTypeError(f"expected FIELD=INT[,FIELD=INT...], got {text!r}")
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected FIELD=INT[,FIELD=INT...], got {text!r}")
+    return out
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+# --- gdn-lab run ------------------------------------------------------------------------------
+
+RUN_EXIT = """exit status: 0 every selected notebook ran ok; 1 a notebook failed (or --archive could not be
+written); 2 bad input (nothing ran); 130 interrupted (Ctrl-C: what finished is kept)."""
+
+
+def _run_epilog() -> str:
+    """The presets, the notebooks and where each notebook's parameters are documented (read now)."""
+    lines = [RUN_EXIT, ""]
+    try:
+        from gdn_lab.report import parameters, presets, runner
+
+        lines.append(f"presets ({presets.PRESET_DIR}; or --preset PATH.yaml):")
+        for name, description in presets.describe().items():
+            lines.append(f"  {name:<12} {description}")
+        lines += [
+            "",
+            f"notebooks ({runner.NOTEBOOK_DIR}; --only takes a stem or a unique prefix) and their parameters:",
+        ]
+        import json
+
+        for name, path in runner.discover().items():
+            config = (json.loads(path.read_text()).get("metadata", {}).get(parameters.METADATA_KEY) or {}).get("config")
+            lines.append(f"  {name:<28} {(config or 'names no Config').replace(':', '.')}")
+    except Exception as exc:  # --help must print whatever state the data files are in
+        lines.append(f"(could not list the presets and notebooks: {type(exc).__name__}: {exc})")
+    lines += [
+        "",
+        "Each notebook's parameters are the fields of its Config dataclass (types, defaults and checks:",
+        "python -c \"help('gdn_lab.experiments.batch_invariance.InvarianceByOpConfig')\"), one commented line",
+        "each in its parameters cell (papermill --help-notebook NOTEBOOK). A value is taken from -p, else the",
+        "notebook's own value, else the preset, else the Config's default; --dry-run prints what each notebook",
+        "would get. -p values are YAML: -p seed=3, -p 'targets=[1, 257]', -p arches=null.",
+        "",
+        "examples:",
+        "  gdn-lab run --preset cpu-smoke",
+        "  gdn-lab run --preset cpu-smoke --only 01 -p seed=3 --dry-run",
+        "  gdn-lab run --preset h200 --out /tmp/h200 --archive /tmp/h200.tar.gz",
+        "  gdn-lab run --resume /tmp/h200                 # rerun only what is not ok, or changed",
+    ]
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gdn_lab.report.io import read_json
+    from gdn_lab.report.runner import SUMMARY_FILE, RunError, prepare, run_suite
+
+    out, preset = args.out, args.preset
+    try:
+        if args.resume is not None:
+            if out is not None and Path(out).resolve() != Path(args.resume).resolve():
+                raise RunError(f"--resume {args.resume} and --out {out} differ: --resume runs into its own directory")
+            out = args.resume
+            earlier = read_json(Path(out) / SUMMARY_FILE) or {}
+            if preset is None:
+                preset = earlier.get("preset")
+                if preset is None:
+                    raise RunError(f"--resume: {out} holds no run to resume ({SUMMARY_FILE} is missing)")
+        if preset is None:
+            raise RunError("--preset is required (a name or a path to a YAML file); see gdn-lab run --help")
+        kwargs = dict(
+            only=args.only, overrides=args.param, out=out, archive_to=args.archive, resume=args.resume is not None
+        )
+        if args.dry_run:
+            return _dry_run(*prepare(preset, **kwargs))
+        summary = run_suite(preset, **kwargs)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    failed = [nb.name for nb in summary.notebooks if nb.status != "ok"]
+    except KeyboardInterrupt:
+        index = Path(out) / "index.html" if out is not None else None
+        where = f"; what finished is in {index}" if index is not None and index.exists() else " before anything ran"
+        print(f"gdn-lab run: interrupted{where}", file=sys.stderr)
+        return 130
+    failed = summary.failed()
     if failed:
-        print(f"{len(failed)} of {len(summary.notebooks)} notebooks failed: {', '.join(failed)}", file=sys.stderr)
+        names = ", ".join(f"{nb.name} ({nb.status})" for nb in failed)
+        print(f"{len(failed)} of {len(summary.selected)} notebooks failed: {names}", file=sys.stderr)
     print(f"{summary.out}/index.html")
-    return 1 if failed else 0
+    return 1 if failed or summary.archive_error else 0
+
+
+def _dry_run(preset, notebooks, plans, run_dir, dest, overrides) -> int:  # noqa: ANN001
+    import yaml
+
+    from gdn_lab.report.parameters import config_name
+
+    print(f"# preset {preset.name}: {len(plans)} notebooks into {run_dir} (dry run: nothing runs)")
+    for nb in plans:
+        print(f"{nb.name}:  # {config_name(type(nb.config))}")
+        text = yaml.safe_dump(nb.parameters, sort_keys=False, default_flow_style=None, width=120)
+        print("".join(f"  {line}\n" for line in text.splitlines()), end="")
+    return 0
+
+
+# --- gdn-lab invariance -------------------------------------------------------------------------
+
+EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT, EXIT_INSENSITIVE, EXIT_NOT_COVERED = 0, 1, 2, 3, 4
+INVARIANCE_EXIT = """exit status:
+  0  the backend ran every case, kept its bits in every comparison, and the control was caught
+  1  a finding: the backend changed bits in at least one comparison
+  2  bad input (nothing ran)
+  3  insensitive: the backend kept its bits, but no batch-variant control showed a difference, so
+     this run could not have seen variance (raise --max-context, add targets or batch sizes)
+  4  incomplete: the backend did not cover (or raised on) some case, so not every case was compared
+  130 interrupted (Ctrl-C)"""
+CPU_MAX_CONTEXT, GPU_MAX_CONTEXT = 64, 16383
+# On the CPU every Triton kernel runs in the interpreter: small heads keep a run to seconds, and keep
+# the batch-variant controls able to split (their heuristics follow the CPU's few "SMs", torch threads).
+CPU_SHAPES = {
+    "attention": {"num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "gdn": {"num_k_heads": 4, "num_v_heads": 8, "head_dim": 32, "conv_width": 4},
+    "linear": {"hidden": 256, "out_features": 256},
+}
+# InvarianceConfig fields as the flags that set them, for error messages.
+FLAGS = {"kv_dtype": "--kv-dtype", "max_context": "--max-context", "backends": "--backend", "targets": "--targets",
+         "batch_sizes": "--batch-sizes", "seed": "--seed", "dtype": "--dtype", "device": "--device",
+         "attention": "--shape", "gdn": "--shape", "linear": "--shape"}  # fmt: skip
+
+
+def _as_flag(message: str) -> str:
+    """A Config error as the flag that set the field: "attention.num_q_heads: ..." -> "--shape: num_q_heads: ..."."""
+    head, sep, rest = message.partition(":")
+    field, dot, sub = head.partition(".")
+    if field not in FLAGS:
+        return message
+    return f"{FLAGS[field]}: {sub}{sep}{rest}" if dot else f"{FLAGS[field]}{sep}{rest}"
+
+
+def invariance_exit(df, backend: str) -> tuple[int, str]:  # noqa: ANN001
+    """The exit status of `gdn-lab invariance` and a one-line verdict, from the experiment's table."""
+    mine = df[df.backend == backend]
+    done = mine[mine.status == "compared"]
+    if not done.empty and not bool(done.bitwise_equal.astype(bool).all()):
+        n = int((~done.bitwise_equal.astype(bool)).sum())
+        return EXIT_FINDING, f"variant: {backend} changed bits in {n} of {len(done)} comparisons"
+    missing = mine[mine.status != "compared"]
+    if not missing.empty or done.empty:
+        from gdn_lab.experiments.common import short_reason
+
+        reason = short_reason(missing.reason.iloc[0], 120) if not missing.empty else "no case"
+        return EXIT_NOT_COVERED, f"incomplete: {backend} did not run {len(missing)} of {len(mine)} rows ({reason})"
+    if bool(mine.insensitive.astype(bool).any()):
+        return EXIT_INSENSITIVE, (
+            f"insensitive: {backend} kept its bits in all {len(done)} comparisons, but no control showed a difference"
+        )
+    return EXIT_OK, f"invariant: {backend} kept its bits in all {len(done)} comparisons; the control was caught"
 
 
 def _invariance(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import gdn_lab.ops
     from gdn_lab.device import interpreter_default
-    from gdn_lab.experiments.batch_invariance import batch_invariance, summarize
+    from gdn_lab.experiments import batch_invariance
+    from gdn_lab.report import quiet
     from gdn_lab.workloads import resolve_device
 
     try:
         device = resolve_device(args.device)
         interpreter_default(device)  # on the CPU: TRITON_INTERPRET=1 unless set
-        df = batch_invariance(
-            args.op,
+        max_context = args.max_context or (CPU_MAX_CONTEXT if device.type == "cpu" else GPU_MAX_CONTEXT)
+        param = gdn_lab.ops.spec.get(args.op).shape.param  # "attention", "gdn" or "linear"
+        shape = {**(CPU_SHAPES.get(param, {}) if device.type == "cpu" else {}), **(args.shape or {})}
+        shaped = param in {f.name for f in dataclasses.fields(batch_invariance.InvarianceConfig)}
+        if args.shape and not shaped:
+            raise ValueError(
+                f"--shape: {args.op}'s shape ({param}) is not a field of InvarianceConfig; it runs with its defaults"
+            )
+        cfg = batch_invariance.InvarianceConfig(
+            op=args.op,
             backends=[args.backend],
             targets=args.targets,
             batch_sizes=args.batch_sizes,
             seed=args.seed,
             device=str(device),
             dtype=args.dtype or ("float32" if device.type == "cpu" else "bfloat16"),
-            kv_dtype=None if args.kv_dtype == "auto" else args.kv_dtype,
-            max_context=args.max_context,
-            progress=not args.json,
+            kv_dtype=None if args.kv_dtype in (None, "auto") else args.kv_dtype,
+            max_context=max_context,
+            **({param: shape or None} if shaped else {}),
         )
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        print(f"error: {_as_flag(str(exc))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    with quiet.capture() as warned:
+        df = batch_invariance.run(cfg, progress=not args.json)
     if args.json:
         for line in df.to_json(orient="records", lines=True).splitlines():
             print(line)
@@ -152,9 +336,12 @@ def _invariance(args: argparse.Namespace) -> int:
             cols = ["op", "backend", "is_control", "covered", "target_len", "batch_size", "position", "tensor"]
             print(df[cols + ["bitwise_equal", "n_diff", "max_abs", "max_ulp", "ref_max_abs", "reason"]].to_string())
             print()
-            print(summarize(df).drop(columns=["label"]).to_string(index=False))
-    tested = df[(df.backend == args.backend) & (df.status == "compared")]
-    return 0 if not tested.empty and bool(tested.bitwise_equal.astype(bool).all()) else 1
+            print(batch_invariance.summarize(df).drop(columns=["label"]).to_string(index=False))
+    code, line = invariance_exit(df, args.backend)
+    captured = warned.summary()["captured"]
+    note = f" ({captured} known warnings from Triton's interpreter or fla captured)" if captured else ""
+    print(f"verdict: {line} (exit {code}){note}", file=sys.stderr)
+    return code
 
 
 def _fingerprint(args: argparse.Namespace) -> int:
@@ -247,12 +434,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="execute the notebook suite with papermill into a run directory (ipynb, html, tables, index.html)",
-        description="Execute notebooks/NN_*.ipynb with papermill on a preset (data/presets/NAME.yaml). Writes the "
-        "executed notebooks, one HTML report each, their CSV tables, index.html and summary.json into --out; "
-        "a failing notebook does not stop the others. Exit status: 0 if all ran, 1 if any failed, 2 for bad input. "
-        "Prints the path of index.html on stdout.",
+        description="Execute the lab's notebooks (NN_name.ipynb) with papermill on a preset. Every parameter is "
+        "resolved into each notebook's Config and checked before anything runs. Writes the executed notebooks, "
+        "one HTML report each, their CSV tables, index.html and summary.json into --out; a failing notebook does "
+        "not stop the others. Prints the path of index.html on stdout.",
+        epilog=_run_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("--preset", required=True, help="preset name (data/presets/NAME.yaml) or a path to a YAML file")
+    run.add_argument("--preset", help="preset name (see below) or a path to a YAML file; with --resume: the run's own")
     run.add_argument(
         "--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (stem or unique prefix, e.g. 01)"
     )
@@ -261,10 +450,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--param",
         action="append",
         metavar="KEY=VALUE",
-        help="override a notebook parameter (VALUE read as YAML); repeatable",
+        help="set a notebook parameter in every selected notebook that has it (VALUE read as YAML); repeatable",
     )
-    run.add_argument("--out", help="run directory (default: runs/<preset>-<time>/)")
-    run.add_argument("--archive", metavar="FILE.tar.gz", help="also pack the run directory into one archive")
+    run.add_argument("--out", help="run directory (default: ./runs/<preset>-<time>/)")
+    run.add_argument("--archive", metavar="FILE.tar.gz", help="also pack the run directory into one archive at the end")
+    run.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the run in DIR: skip notebooks already ok there with the same parameters, code and "
+        "environment (its -p values apply unless given again); says which it skips and why it reruns the others",
+    )
+    run.add_argument(
+        "--dry-run", action="store_true", help="check everything and print each notebook's parameters; run nothing"
+    )
     run.set_defaults(func=_run)
 
     import gdn_lab.ops
@@ -273,8 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
         "invariance",
         help="one batch-invariance experiment: a target alone vs inside batches, bitwise",
         description="Run one op's batch-invariance experiment for one backend (plus the op's batch-variant "
-        "controls) and print the table (JSON lines with --json). Exit status 0 if the backend was bitwise "
-        "invariant in every comparison, 1 if not (or it covered nothing), 2 for bad input.",
+        "controls) and print the table (JSON lines with --json); a verdict line goes to stderr.",
+        epilog=INVARIANCE_EXIT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     inv.add_argument("--op", required=True, choices=gdn_lab.ops.spec.names())
     inv.add_argument("--backend", required=True, help="a backend registered for the op (see `gdn-lab env`)")
@@ -282,13 +481,27 @@ def build_parser() -> argparse.ArgumentParser:
     inv.add_argument("--targets", type=_ints, default=[1, 255, 256, 257], help="target lengths (default 1,255,256,257)")
     inv.add_argument("--batch-sizes", type=_ints, default=[2, 8, 33], help="batch sizes (default 2,8,33)")
     inv.add_argument(
-        "--kv-dtype", choices=["auto", "bf16", "fp16", "fp8"], default="auto", help="attention KV cache dtype"
+        "--kv-dtype",
+        choices=["auto", "bf16", "fp16", "fp32", "fp8"],
+        help="KV cache dtype of ops with a KV cache (default: the compute dtype; an error for other ops)",
     )
     inv.add_argument(
         "--dtype", choices=["bf16", "fp16", "fp32"], help="compute dtype (default: fp32 on the CPU, bf16 on a GPU)"
     )
-    inv.add_argument("--max-context", type=int, default=16383, help="batchmates' lengths are uniform in [1, N]")
-    inv.add_argument("--seed", type=int, default=0)
+    inv.add_argument(
+        "--max-context",
+        type=_positive_int,
+        help=f"batchmates' lengths are uniform in [1, N] (default: {CPU_MAX_CONTEXT} on the CPU, where Triton runs "
+        f"in its interpreter, {GPU_MAX_CONTEXT} on a GPU)",
+    )
+    inv.add_argument(
+        "--shape",
+        type=_shape,
+        metavar="FIELD=N,...",
+        help="the op's shape fields, e.g. num_q_heads=8,num_kv_heads=1 (attention), num_k_heads=4 (GDN); "
+        "default on the CPU: small heads (attention 8/2/64, page 16; GDN 4/8/32), on a GPU: Qwen3 shapes",
+    )
+    inv.add_argument("--seed", type=_int, default=0)
     inv.add_argument("--json", action="store_true", help="JSON lines, one per row")
     inv.set_defaults(func=_invariance)
 
@@ -348,7 +561,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"gdn-lab {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

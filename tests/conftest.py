@@ -1,7 +1,13 @@
-"""Test setup: Triton's interpreter on CPU-only machines, and NaN-filled torch.empty.
+"""Test setup: one device for the whole session, one Triton mode for the whole process.
 
-TRITON_INTERPRET must be set before any Triton kernel module is imported (triton.jit reads it
-at decoration time), so it is set here, at collection, on machines without a GPU.
+`pytest --device cpu|cuda` picks the device every test gets through the `device` fixture (default:
+cuda when torch sees a GPU, else cpu). Triton reads TRITON_INTERPRET when a kernel is decorated,
+and a kernel decorated in one mode cannot be called in the other, so the variable is set once,
+here, before any test module imports a kernel: 1 for cpu (Triton's interpreter), 0 for cuda.
+A test that needs the other mode runs it in a subprocess with its own environment.
+
+As flash-linear-attention's conftest: uninitialized memory is NaN, so a kernel that reads what it
+never wrote fails loudly instead of passing on leftover zeros.
 """
 
 import os
@@ -9,15 +15,42 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-# As flash-linear-attention's conftest: uninitialized memory is NaN, so a kernel that reads what
-# it never wrote fails loudly instead of passing on leftover zeros.
-torch.use_deterministic_algorithms(True, warn_only=True)
-torch.utils.deterministic.fill_uninitialized_memory = True
+DEVICE_KEY = pytest.StashKey[torch.device]()
 
 
-@pytest.fixture
-def device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+def pytest_addoption(parser):
+    parser.addoption(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="the device every test runs on (default: cuda when torch sees a GPU, else cpu; "
+        "cpu runs Triton kernels in its interpreter)",
+    )
+
+
+def pytest_configure(config):
+    name = config.getoption("--device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: torch sees no CUDA/ROCm device; use --device cpu")
+    os.environ["TRITON_INTERPRET"] = "1" if name == "cpu" else "0"
+    config.stash[DEVICE_KEY] = torch.device(name)
+    # Only now: torch.use_deterministic_algorithms imports triton, and triton.language decorates its
+    # own jit functions (tl.sum, ...) in the mode TRITON_INTERPRET says at that moment.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+
+
+def pytest_report_header(config):
+    dev = config.stash[DEVICE_KEY]
+    return f"gdn_lab test device: {dev} (TRITON_INTERPRET={os.environ['TRITON_INTERPRET']})"
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig) -> torch.device:
+    """The session's device (`--device`); tensors a Triton kernel reads must live here."""
+    return pytestconfig.stash[DEVICE_KEY]
+
+
+@pytest.fixture(scope="session")
+def on_gpu(device) -> bool:
+    return device.type == "cuda"

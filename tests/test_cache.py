@@ -54,3 +54,23 @@ def test_bad_cache_input():
         build_paged_kv([], [])
     with pytest.raises(ValueError, match=r"kv_dtype: int8 is not accepted"):
         build_paged_kv([torch.ones(2, 1, 4)], [torch.ones(2, 1, 4)], kv_dtype=torch.int8)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        (([5, -1], 2, 8), {}, r"seq_lens: every length must be a positive int, but entry 1 is -1"),
+        (([0], 2, 8), {}, r"seq_lens: every length must be a positive int, but entry 0 is 0"),
+        (([], 2, 8), {}, r"seq_lens: expected a non-empty list of positive ints, got \[\]"),
+        (([2.5], 2, 8), {}, r"seq_lens: every length must be a positive int, but entry 0 is 2.5"),
+        ((5, 2, 8), {}, r"seq_lens: expected a non-empty list"),
+        (([5], 0, 8), {}, r"num_kv_heads: expected a positive int, got 0"),
+        (([5], 2, -8), {}, r"head_dim: expected a positive int, got -8"),
+        (([5], 2, 8), {"page_size": 0}, r"page_size: expected a positive int, got 0"),
+    ],
+)
+def test_random_paged_kv_rejects_bad_sizes(args, kwargs, message):
+    from gdn_lab.cache import random_paged_kv
+
+    with pytest.raises(ValueError, match=message):
+        random_paged_kv(*args, **kwargs)

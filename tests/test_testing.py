@@ -27,25 +27,25 @@ def test_the_default_cases_are_sglangs_kernel_test():
     assert case["max_context"] == 16383 and case["kv_dtypes"] == [None, "fp8"] and case["attention"]["page_size"] == 1
 
 
-def test_an_invariant_backend_passes():
-    table = assert_batch_invariant("decode_attention", "torch", cases=SMALL, device="cpu")
+def test_an_invariant_backend_passes(device):
+    table = assert_batch_invariant("decode_attention", "torch", cases=SMALL, device=device.type)
     assert len(table) == 2 * 2 * 2 and table.bitwise_equal.astype(bool).all()
 
 
-def test_a_variant_backend_fails_with_the_case_named(variant):
+def test_a_variant_backend_fails_with_the_case_named(variant, device):
     with pytest.raises(
         AssertionError,
         match=r"not batch invariant in 8 of 8 comparisons: target 5 tokens, kv .*batch of 2 at position \d: out differs in \d+ elements",
     ):
-        assert_batch_invariant("decode_attention", variant, cases=SMALL, device="cpu")
+        assert_batch_invariant("decode_attention", variant, cases=SMALL, device=device.type)
 
 
-def test_controls_that_see_nothing_fail_as_insensitive():
+def test_controls_that_see_nothing_fail_as_insensitive(device):
     one_token = [{**SMALL[0], "targets": [1], "max_context": 1}]  # one token: every split order is the same
     with pytest.raises(AssertionError, match="insensitive: decode_attention's batch-variant controls"):
-        assert_batch_invariant("decode_attention", "torch", cases=one_token, device="cpu")
+        assert_batch_invariant("decode_attention", "torch", cases=one_token, device=device.type)
 
 
-def test_bad_input_is_a_value_error():
+def test_bad_input_is_a_value_error(device):
     with pytest.raises(ValueError, match="backends: 'nope'"):
-        assert_batch_invariant("decode_attention", "nope", cases=SMALL, device="cpu")
+        assert_batch_invariant("decode_attention", "nope", cases=SMALL, device=device.type)

@@ -39,7 +39,17 @@ import torch
 from gdn_lab import aiter, checks, routing
 from gdn_lab.experiments import common
 from gdn_lab.experiments.common import fmt_list, max_abs
-from gdn_lab.experiments.config import ExperimentConfig, check, known_op, positive, positive_ints, shape_of
+from gdn_lab.experiments.config import (
+    DTYPES,
+    ExperimentConfig,
+    check,
+    known_kv_dtype,
+    known_op,
+    one_of,
+    positive,
+    positive_ints,
+    shape_of,
+)
 from gdn_lab.experiments.loop import Case, Comparison, Metrics, alone_vs_batched, frame, run_backend
 from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
 from gdn_lab.ops import spec as op_spec
@@ -121,13 +131,13 @@ class DispatchConfig(ExperimentConfig):
         new_tokens: prefill's new tokens per request (None: all).
     """
 
-    dtype: str = "float16"
+    dtype: str = field(default="float16", metadata=check(one_of(DTYPES), "the compute dtype"))
     op: str | None = field(default=None, metadata=check(known_op))
     backends: tuple[str, ...] | None = field(default=None, metadata=check(_ruled_names))
     targets: tuple[int, ...] = field(default=(1, 1024, 1025, 4000), metadata=check(positive_ints))
     batch_sizes: tuple[int, ...] = field(default=(2, 16, 17, 64), metadata=check(positive_ints))
     trials: int = field(default=1, metadata=check(positive))
-    kv_dtype: str | None = None
+    kv_dtype: str | None = field(default=None, metadata=check(known_kv_dtype))
     arch: str = aiter.DEFAULT_ARCH
     num_cus: int | None = field(default=None, metadata=check(positive))
     attention: dict[str, int] | None = None
@@ -236,32 +246,114 @@ def aiter_dispatch(*, progress: bool = True, **kwargs: Any) -> pd.DataFrame:
     return run(DispatchConfig(**kwargs), progress=progress)
 
 
+CASE_FIELDS = ("targets", "batch_sizes", "min_context", "max_context", "new_tokens", "trials", "kv_dtype", "backends")
+
+
+def by_op_configs(
+    ops: Mapping[str, Mapping[str, Any] | Sequence[Mapping[str, Any]] | None], **common: Any
+) -> list[DispatchConfig]:
+    """One DispatchConfig per case set of each op of `ops` that is not None, over the `common` fields.
+
+    Raises:
+        ValueError: an op without ruled backends (the message lists those with), a case field that
+            is not one of CASE_FIELDS, or a bad value (named `ops.<op>.<field>`, `ops.<op>[i].<field>`).
+    """
+    configs = []
+    have = sorted({b.op for b in ruled_backends()})
+    for op, cases in ops.items():
+        if cases is None:
+            continue
+        names = [b.name for b in ruled_backends(op)] if op in op_spec.names() else []
+        if not names:
+            raise ValueError(f"ops: {op!r} has no backend that carries a dispatch rule; accepted: {', '.join(have)}")
+        sets = [cases] if isinstance(cases, Mapping) else list(cases)
+        if not sets:
+            raise ValueError(f"ops.{op}: expected its cases or a non-empty list of case sets, got {cases!r}")
+        for i, one in enumerate(sets):
+            where = f"ops.{op}" if isinstance(cases, Mapping) else f"ops.{op}[{i}]"
+            if not isinstance(one, Mapping):
+                raise ValueError(f"{where}: expected a mapping of {', '.join(CASE_FIELDS)}, got {one!r}")
+            bad = sorted(set(one) - set(CASE_FIELDS))
+            if bad:
+                raise ValueError(f"{where}: {', '.join(bad)} not accepted; accepted: {', '.join(CASE_FIELDS)}")
+            for b in one.get("backends") or ():
+                checks.check_choice(f"{where}.backends", b, tuple(names))
+            try:
+                configs.append(DispatchConfig(**{**common, **one, "op": op, "backends": one.get("backends") or names}))
+            except ValueError as exc:
+                prefix = f"{where}." if str(exc).split(":")[0].split(".")[0].split("[")[0] in one else f"{op}: "
+                raise ValueError(f"{prefix}{exc}") from None
+    return configs
+
+
 def aiter_dispatch_by_op(
     ops: Mapping[str, Mapping[str, Any] | Sequence[Mapping[str, Any]] | None], *, progress: bool = True, **common: Any
 ) -> pd.DataFrame:
     """Each op's ruled backends with that op's own cases, in one table.
 
     Args:
-        ops: {op: DispatchConfig fields for its backends (targets, batch_sizes, min_context,
-            max_context, new_tokens, trials, backends), or a list of such case sets (e.g. batchmates
-            shorter than the targets, then batchmates of any length)}; an op given None is skipped.
+        ops: {op: DispatchConfig fields for its backends (CASE_FIELDS: targets, batch_sizes,
+            min_context, max_context, new_tokens, trials, backends), or a list of such case sets
+            (e.g. batchmates shorter than the targets, then batchmates of any length)}; an op given
+            None is skipped.
         progress: show a tqdm bar.
         **common: the fields every op shares (seed, device, dtype, kv_dtype, arch, num_cus, attention, trials).
 
     Raises:
         ValueError: an op without ruled backends (the message lists those with), or a bad field.
     """
-    configs = []
-    for op, cases in ops.items():
-        if cases is None:
-            continue
-        names = [b.name for b in ruled_backends(op)] if op in op_spec.names() else []
-        if not names:
-            have = sorted({b.op for b in ruled_backends()})
-            raise ValueError(f"ops: {op!r} has no backend that carries a dispatch rule; accepted: {', '.join(have)}")
-        for one in [cases] if isinstance(cases, Mapping) else cases:
-            configs.append(DispatchConfig(**{**common, **one, "op": op, "backends": one.get("backends") or names}))
-    parts = [run(cfg, progress=progress) for cfg in configs]
+    return run_by_op(DispatchByOpConfig(ops=ops, **common), progress=progress)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchByOpConfig(ExperimentConfig):
+    """Notebook 07: each op's ruled backends with that op's own cases.
+
+    Attributes:
+        ops: {op: its cases {targets, batch_sizes, min_context, max_context, new_tokens, trials,
+            backends}, or a list of such case sets}; an op given None is skipped.
+        trials, kv_dtype, arch, num_cus, attention: as `DispatchConfig`, shared by every op.
+    """
+
+    dtype: str = field(default="float16", metadata=check(one_of(DTYPES), "the compute dtype"))
+    ops: dict[str, dict[str, Any] | tuple[dict[str, Any], ...] | None] = field(
+        default_factory=lambda: {"decode_attention": {}, "prefill_attention": {}},
+        metadata=check(help="{op: its cases}; null skips the op"),
+    )
+    trials: int = field(default=1, metadata=check(positive))
+    kv_dtype: str | None = field(default=None, metadata=check(known_kv_dtype))
+    arch: str = aiter.DEFAULT_ARCH
+    num_cus: int | None = field(default=None, metadata=check(positive))
+    attention: dict[str, int] | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if not any(cases is not None for cases in self.ops.values()):
+            raise ValueError(f"ops: every op is null, so nothing would run; got {self.ops!r}")
+        self.configs()
+
+    def unused(self) -> dict[str, str]:
+        """Shared fields every case set replaces (trials, kv_dtype): nothing reads the shared value."""
+        sets = [
+            one
+            for cases in self.ops.values()
+            if cases is not None
+            for one in ([cases] if isinstance(cases, Mapping) else cases)
+        ]
+        return {
+            name: f"every case set of ops gives its own {name}"
+            for name in ("trials", "kv_dtype")
+            if sets and all(isinstance(one, Mapping) and name in one for one in sets)
+        }
+
+    def configs(self) -> list[DispatchConfig]:
+        common = {n: getattr(self, n) for n in ("seed", "device", "dtype", "trials", "kv_dtype", "arch", "num_cus")}
+        return by_op_configs(self.ops, **common, attention=self.attention)
+
+
+def run_by_op(cfg: DispatchByOpConfig, progress: bool = True) -> pd.DataFrame:
+    """Run every op's configured experiment into one table (see `aiter_dispatch_by_op`)."""
+    parts = [run(c, progress=progress) for c in cfg.configs()]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS)
 
 
@@ -357,7 +449,8 @@ def headline(df: pd.DataFrame) -> str:
     s = summarize(df)
     ran = s[s.cases > 0]
     if ran.empty:
-        return "no AITER Triton kernel ran here: " + "; ".join(f"{r.backend}: {r.reason}" for r in s.itertuples())
+        reasons = "; ".join(f"{r.backend}: {common.short_reason(r.reason, 100)}" for r in s.itertuples())
+        return common.with_errors(f"no AITER Triton kernel ran here: {reasons}", df)
     parts = []
     for r in ran.itertuples():
         switches = r.switch_observed + r.predicted_switch_not_observed
@@ -366,7 +459,7 @@ def headline(df: pd.DataFrame) -> str:
             f"{r.label}: {r.switch_observed}/{switches} predicted switches seen, "
             f"{r.unpredicted_difference} unpredicted ({verdict})"
         )
-    return "; ".join(parts)
+    return common.with_errors("; ".join(parts), df)
 
 
 def conclusion(df: pd.DataFrame) -> str:
@@ -383,7 +476,7 @@ def conclusion(df: pd.DataFrame) -> str:
     for r in s.itertuples():
         part = df[df.backend == r.backend]
         if r.cases == 0:
-            lines.append(f"- **{r.backend}**: did not run: {r.reason}")
+            lines.append(f"- **{r.backend}**: did not run: {common.short_reason(r.reason)}")
             continue
         variants = fmt_list(sorted(set(part.predicted_variant.dropna()) | set(part.alone_variant.dropna())))
         lines.append(

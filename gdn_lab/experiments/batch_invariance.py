@@ -26,12 +26,17 @@ from typing import Any
 import pandas as pd
 import torch
 
-from gdn_lab.experiments.common import fmt_list, label, max_abs
+from gdn_lab import routing
+from gdn_lab.experiments.common import fmt_list, label, max_abs, short_reason, with_errors
 from gdn_lab.experiments.config import (
     ExperimentConfig,
     check,
     check_backends,
+    known_arch,
+    known_kv_dtype,
     known_op,
+    known_ops,
+    make_shape,
     positive,
     positive_ints,
     shape_of,
@@ -39,11 +44,12 @@ from gdn_lab.experiments.config import (
 from gdn_lab.experiments.loop import Case, Comparison, Metrics, alone_vs_batched, frame, run_backend, select_backends
 from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
 from gdn_lab.ops import spec as op_spec
-from gdn_lab.ops.batch import BuildOptions
+from gdn_lab.ops.batch import AttentionShape, BuildOptions, GDNShape
 from gdn_lab.workloads import DEFAULT_MAX_CONTEXT, alone, make_batch, target_request
 
 DEFAULT_TARGETS = (1, 255, 256, 257)
 DEFAULT_BATCH_SIZES = (2, 8, 33)
+DEFAULT_OPS = ("decode_attention", "prefill_attention", "gdn_decode", "gdn_prefill", "gdn_layer_prefill")
 
 # Columns this experiment adds to the contract and run columns.
 EXTRA_COLUMNS = ["ref_max_abs", "ref_within_tolerance", "control_caught", "insensitive"]
@@ -79,8 +85,8 @@ class InvarianceConfig(ExperimentConfig):
     targets: tuple[int, ...] = field(default=DEFAULT_TARGETS, metadata=check(positive_ints, "target lengths"))
     batch_sizes: tuple[int, ...] = field(default=DEFAULT_BATCH_SIZES, metadata=check(positive_ints, "batch sizes"))
     trials: int = field(default=1, metadata=check(positive, "batches per (target, batch size)"))
-    kv_dtype: str | None = None
-    arch: str | None = None
+    kv_dtype: str | None = field(default=None, metadata=check(known_kv_dtype, "KV cache dtype"))
+    arch: str | None = field(default=None, metadata=check(known_arch, "the arch whose fp8 format is used"))
     attention: dict[str, int] | None = None
     gdn: dict[str, int] | None = None
     linear: dict[str, int] | None = None
@@ -187,30 +193,117 @@ def configs(
 ) -> list[InvarianceConfig]:
     """One InvarianceConfig per op: `common` values, replaced by `op_overrides[op]` (checked, none run).
 
-    Names in a shared `backends` list that an op lacks are skipped for that op, and a shared
-    kv_dtype applies to the ops with a KV cache only.
+    Names in a shared `backends` list that an op lacks are skipped for that op (an op left with
+    none of them is an error), and a shared kv_dtype applies to the ops with a KV cache only.
+    Overrides may name any registered op: those of ops not in `ops` are not used (a preset keeps
+    every op's overrides, `-p ops=[...]` picks some).
 
     Raises:
-        ValueError: an unknown op, an override for an op not in `ops`, an unknown field, or a bad value.
+        ValueError: an unknown op (in `ops` or `op_overrides`), an unknown field, or a bad value.
     """
+    known_ops("ops", ops)
     overrides = dict(op_overrides or {})
-    unknown = sorted(set(overrides) - set(ops))
+    unknown = sorted(set(overrides) - set(op_spec.names()))
     if unknown:
-        raise ValueError(f"op_overrides: {', '.join(unknown)} not in ops; accepted: {', '.join(ops)}")
+        raise ValueError(f"op_overrides: {', '.join(unknown)} not an op; accepted: {', '.join(op_spec.names())}")
     names = {f.name for f in fields(InvarianceConfig)} - {"op"}
     out = []
     for op in ops:
-        if op not in op_spec.names():
-            raise ValueError(f"ops: {op!r} is not an op; accepted: {', '.join(op_spec.names())}")
-        own = dict(overrides.get(op, {}))
+        own = dict(overrides.get(op) or {})
         bad = sorted(set(own) - names)
         if bad:
             raise ValueError(f"op_overrides.{op}: {', '.join(bad)} not accepted; accepted: {', '.join(sorted(names))}")
         shared = {"strict_backends": False, **common}
         if not op_spec.get(op).kv_cache:
             shared["kv_dtype"] = None
-        out.append(InvarianceConfig(op=op, **{**shared, **own}))
+        try:
+            cfg = InvarianceConfig(op=op, **{**shared, **own})
+        except ValueError as exc:
+            field_name = str(exc).split(":")[0].split(".")[0].split("[")[0]
+            where = f"op_overrides.{op}." if field_name in own else f"{op}: "
+            raise ValueError(f"{where}{exc}") from None
+        if cfg.backends is not None and not any(b in routing.backend_names(op) for b in cfg.backends):
+            raise ValueError(
+                f"backends: none of {', '.join(cfg.backends)} is a backend of {op}; accepted: "
+                f"{', '.join(routing.backend_names(op))} (or give op_overrides.{op}.backends, or leave {op} out of ops)"
+            )
+        out.append(cfg)
     return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class InvarianceByOpConfig(ExperimentConfig):
+    """Several ops' batch-invariance experiments (notebook 01): shared values, per-op replacements.
+
+    Attributes:
+        ops: the ops to test, in this order.
+        backends: backend names to test in every op that has them (None: every registered
+            backend); each op's controls always run.
+        targets, batch_sizes, trials, kv_dtype, max_context, attention, gdn, quantize_fp8: as
+            `InvarianceConfig`, shared by every op (kv_dtype applies to ops with a KV cache).
+        op_overrides: {op: {InvarianceConfig field: value}} replacing the shared values for one op.
+    """
+
+    ops: tuple[str, ...] = field(default=DEFAULT_OPS, metadata=check(known_ops, "the ops to test"))
+    backends: tuple[str, ...] | None = field(default=None, metadata=check(help="backends (None: all)"))
+    targets: tuple[int, ...] = field(default=DEFAULT_TARGETS, metadata=check(positive_ints, "target lengths"))
+    batch_sizes: tuple[int, ...] = field(default=DEFAULT_BATCH_SIZES, metadata=check(positive_ints, "batch sizes"))
+    trials: int = field(default=1, metadata=check(positive, "batches per (target, batch size)"))
+    kv_dtype: str | None = field(default=None, metadata=check(known_kv_dtype, "KV cache dtype"))
+    max_context: int = field(default=DEFAULT_MAX_CONTEXT, metadata=check(positive, "batchmates' max length"))
+    attention: dict[str, int] | None = None
+    gdn: dict[str, int] | None = None
+    quantize_fp8: bool = False
+    op_overrides: dict[str, dict[str, Any] | None] | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        for shape in (AttentionShape, GDNShape):  # a shared shape is checked even where op_overrides replace it
+            if getattr(self, shape.param) is not None:
+                make_shape(shape, getattr(self, shape.param))
+        self.configs()  # noqa: B018  (every op's config is checked now)
+
+    def unused(self) -> dict[str, str]:
+        """Shared fields no op reads: every op that takes the field gets its own from op_overrides,
+        or no op takes it (kv_dtype without a KV-cache op, a shape no op has, targets of fixed-length ops)."""
+        overrides = self.op_overrides or {}
+        out = {}
+        for f in fields(self):
+            if f.name in ("ops", "op_overrides", "seed", "device"):
+                continue
+            takers = [op for op in self.ops if _takes(op, f.name)]
+            own = [op for op in takers if f.name in (overrides.get(op) or {})]
+            if not takers:
+                out[f.name] = f"none of {', '.join(self.ops)} {_TAKES_WHAT.get(f.name, 'takes it')}"
+            elif len(own) == len(takers):
+                out[f.name] = f"op_overrides gives {', '.join(own)} their own {f.name}"
+        return out
+
+    def configs(self) -> list[InvarianceConfig]:
+        """One InvarianceConfig per op (see `configs`)."""
+        common = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("ops", "op_overrides")}
+        return configs(self.ops, self.op_overrides, **common)
+
+
+_TAKES_WHAT = {
+    "kv_dtype": "has a KV cache",
+    "attention": "takes an attention shape",
+    "gdn": "takes a GDN shape",
+    "targets": "has a target length (fixed-length ops ignore targets)",
+    "max_context": "has batchmates of varying length",
+}
+
+
+def _takes(op: str, name: str) -> bool:
+    """Whether an op's experiment reads the shared field `name`."""
+    spec = op_spec.get(op)
+    if name == "kv_dtype":
+        return bool(spec.kv_cache)
+    if name in ("attention", "gdn", "linear"):
+        return spec.shape.param == name
+    if name in ("targets", "max_context"):
+        return not spec.fixed_length
+    return True
 
 
 def run_ops(
@@ -223,8 +316,10 @@ def run_ops(
     return pd.concat([run(cfg, progress=progress) for cfg in configs(ops, op_overrides, **common)], ignore_index=True)
 
 
-def run(cfg: InvarianceConfig, progress: bool = True, metrics: Metrics | None = None) -> pd.DataFrame:
-    """Run a configured experiment (see `batch_invariance`).
+def run(
+    cfg: InvarianceConfig | InvarianceByOpConfig, progress: bool = True, metrics: Metrics | None = None
+) -> pd.DataFrame:
+    """Run a configured experiment (see `batch_invariance`); an InvarianceByOpConfig runs each op in turn.
 
     Args:
         cfg: the experiment.
@@ -232,6 +327,8 @@ def run(cfg: InvarianceConfig, progress: bool = True, metrics: Metrics | None = 
         metrics: the columns each comparison gets (default: the distance to the op's reference);
             a caller that needs other columns (a regression gate's hashes) passes its own.
     """
+    if isinstance(cfg, InvarianceByOpConfig):
+        return pd.concat([run(c, progress=progress, metrics=metrics) for c in cfg.configs()], ignore_index=True)
     chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls, cfg.strict_backends)
     metrics = _ReferenceCloseness() if metrics is None else metrics
     rows = alone_vs_batched(cfg.cases(), chosen, metrics, progress=progress, desc=cfg.op)
@@ -313,10 +410,7 @@ def headline(df: pd.DataFrame) -> str:
         f"controls caught on {len(ops) - len(insensitive)}/{len(ops)} ops"
         + (f"; INSENSITIVE: {', '.join(insensitive)}" if insensitive else "")
     )
-    errors = s[s.verdict == "error"]
-    if not errors.empty:
-        parts.append(f"errors: {', '.join(f'{r.backend}/{r.op}' for r in errors.itertuples())}")
-    return "; ".join(parts)
+    return with_errors("; ".join(parts), df)
 
 
 def conclusion(df: pd.DataFrame) -> str:
@@ -338,7 +432,7 @@ def conclusion(df: pd.DataFrame) -> str:
                 )
             )
         for r in tested[tested.verdict.isin(["not covered", "error"])].itertuples():
-            lines.append(f"- {r.label}: {r.verdict}: {r.reason}")
+            lines.append(f"- {r.label}: {r.verdict}: {short_reason(r.reason)}")
         if ctrl.empty or ctrl.comparisons.sum() == 0:
             lines.append("- **no batch-variant control ran: this run cannot show that it would see variance**")
         else:

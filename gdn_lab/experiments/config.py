@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -54,7 +55,7 @@ def positive_ints(name: str, value: Sequence[int]) -> None:
 
 
 def positive(name: str, value: float | None) -> None:
-    if value is not None and value <= 0:
+    if value is not None and not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name}: expected a positive number, got {value!r}")
 
 
@@ -76,6 +77,49 @@ def known_ops(name: str, value: Sequence[str]) -> None:
         checks.check_choice(name, v, tuple(op_spec.names()))
 
 
+def plain(value: Any) -> Any:
+    """A config value as plain data (lists, dicts, str, numbers, None): what YAML, JSON and a
+    notebook's parameters cell hold. Tuples become lists; torch devices and dtypes their names."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, torch.dtype):
+        return checks.dtype_name(value)
+    return value
+
+
+def known_arch(name: str, value: str) -> None:
+    """An arch whose fp8 format the lab knows: gfx942, gfx950, sm_XX, cpu."""
+    from gdn_lab.device import fp8_dtypes_for
+
+    try:
+        fp8_dtypes_for(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}".replace(f"arch {value!r}", repr(value), 1)) from None
+
+
+def known_kv_dtype(name: str, value: str) -> None:
+    """A KV-cache dtype name: "fp8" (the arch's format), "auto" (the compute dtype) or a compute dtype."""
+    resolve_kv_dtype(value, torch.float32, "cpu")
+
+
+def _human(hint: Any) -> str:
+    """A type hint as a message says it: "a mapping, a list of mappings or null"."""
+    origin, targs = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        names = [_human(a) for a in targs if a is not type(None)] + (["null"] if type(None) in targs else [])
+        return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+    if origin is tuple:
+        inner = _human(targs[0]).removeprefix("an ").removeprefix("a ")
+        return f"a list of {inner}s" if not inner.endswith("s") else f"a list of {inner}"
+    if origin in (dict, Mapping, typing.Mapping) or hint in (dict, Mapping):
+        return "a mapping"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, _type_name(hint))
+
+
 def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
@@ -94,7 +138,7 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
                 return _coerce(name, value, option)
             except ValueError as exc:
                 errors.append(str(exc))
-        raise ValueError(errors[0] if len(errors) == 1 else f"{name}: expected {_type_name(hint)}, got {value!r}")
+        raise ValueError(errors[0] if len(errors) == 1 else f"{name}: expected {_human(hint)}, got {value!r}")
     if origin is tuple:
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
             raise ValueError(f"{name}: expected a list of {_type_name(targs[0])}, got {value!r}")
@@ -171,10 +215,24 @@ class ExperimentConfig:
         """A KV dtype name ("fp8": the arch's format) as a torch dtype; None keeps the compute dtype."""
         return None if kv_dtype is None else resolve_kv_dtype(kv_dtype, self.torch_dtype, arch or self.device_arch)
 
+    def unused(self) -> dict[str, str]:
+        """{field: why}: fields whose value nothing in this experiment reads (a config that fans out
+        to several ops overrides some per op). The suite runner refuses a `-p` value for one of
+        them, which would otherwise be accepted silently. Default: none."""
+        return {}
+
+    def plain(self) -> dict[str, Any]:
+        """Every field as plain data ({name: value}); `type(self)(**cfg.plain())` builds it again."""
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
+
     @classmethod
     def parameters(cls) -> dict[str, dict[str, Any]]:
-        """{field: {default, help}} for documentation and the suite runner."""
-        return {f.name: {"default": f.default, "help": f.metadata.get("help", "")} for f in fields(cls)}
+        """{field: {type, default, help}} for documentation and the suite runner (no default: MISSING)."""
+        hints = typing.get_type_hints(cls)
+        return {
+            f.name: {"type": _type_name(hints[f.name]), "default": f.default, "help": f.metadata.get("help", "")}
+            for f in fields(cls)
+        }
 
 
 def check_backends(name: str, op: str, backends: Sequence[str] | None, strict: bool = True) -> None:
@@ -191,12 +249,20 @@ def check_backends(name: str, op: str, backends: Sequence[str] | None, strict: b
             )
 
 
+def make_shape(cls: Any, given: Mapping[str, int] | None) -> Any:
+    """A shape dataclass (`AttentionShape`, `GDNShape`, ...) from {field: value}, errors named `<param>.<field>`."""
+    given = given or {}
+    accepted = ", ".join(f.name for f in fields(cls))
+    unknown = sorted(set(given) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"{cls.param}: {', '.join(map(str, unknown))} not accepted; accepted fields: {accepted}")
+    try:
+        return cls(**given)
+    except (TypeError, ValueError) as exc:  # a field's own check names the field: say whose field it is
+        raise ValueError(f"{cls.param}.{exc}" if ":" in str(exc).split(" ")[0] else f"{cls.param}: {exc}") from None
+
+
 def shape_of(op: str, shapes: Mapping[str, Mapping[str, int]]) -> Any:
     """The op's shape dataclass built from the config's {param: fields} (its `param`, e.g. "attention")."""
     cls = op_spec.get(op).shape
-    given = shapes.get(cls.param) or {}
-    try:
-        return cls(**given)
-    except TypeError as exc:
-        accepted = ", ".join(f.name for f in fields(cls))
-        raise ValueError(f"{cls.param}: {exc}; accepted fields: {accepted}") from None
+    return make_shape(cls, shapes.get(cls.param))

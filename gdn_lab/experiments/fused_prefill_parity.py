@@ -28,6 +28,7 @@ from gdn_lab.experiments.config import (
     ExperimentConfig,
     check,
     check_backends,
+    known_arch,
     known_op,
     positive,
     positive_ints,
@@ -69,7 +70,7 @@ class ParityConfig(ExperimentConfig):
     gdn: dict[str, int] | None = None
     max_context: int = field(default=4096, metadata=check(positive))
     quantize_fp8: bool = True
-    arch: str | None = None
+    arch: str | None = field(default=None, metadata=check(known_arch, "the arch whose fp8 format is used"))
     include_controls: bool = False
 
     def validate(self) -> None:
@@ -117,6 +118,52 @@ class _Closeness(Metrics):
         return {**out, "tolerance": tol.name, "within_tolerance": tol.holds(mine, ref)}
 
 
+@dataclass(frozen=True, kw_only=True)
+class FusedPrefillConfig(ExperimentConfig):
+    """Notebook 04: parity with the reference on the same batches, then invariance across batches.
+
+    Attributes:
+        op: the op whose backends are compared with its reference backend.
+        backends: None (every registered backend but the reference) or names.
+        targets: target sequence lengths (both comparisons).
+        batch_sizes: parity batches: 1 (the target alone) or with random batchmates.
+        invariance_batch_sizes: batch sizes of the invariance comparison (the target alone vs inside).
+        gdn: GDNShape fields.
+        max_context: batchmates' lengths are uniform in [1, max_context].
+        quantize_fp8: also compare the group-128 fp8 activations.
+        arch: the arch whose fp8 format is used (None: the device's).
+    """
+
+    op: str = field(default="gdn_layer_prefill", metadata=check(known_op, "the op"))
+    backends: tuple[str, ...] | None = None
+    targets: tuple[int, ...] = field(default=DEFAULT_TARGETS, metadata=check(positive_ints, "target lengths"))
+    batch_sizes: tuple[int, ...] = field(default=DEFAULT_BATCH_SIZES, metadata=check(positive_ints, "parity batches"))
+    invariance_batch_sizes: tuple[int, ...] = field(
+        default=(2, 8, 33), metadata=check(positive_ints, "invariance batch sizes")
+    )
+    gdn: dict[str, int] | None = None
+    max_context: int = field(default=4096, metadata=check(positive))
+    quantize_fp8: bool = True
+    arch: str | None = field(default=None, metadata=check(known_arch, "the arch whose fp8 format is used"))
+
+    def validate(self) -> None:
+        super().validate()
+        self.parity()  # noqa: B018  (both experiments' configs are checked now)
+        self.invariance()
+
+    def _shared(self) -> dict[str, Any]:
+        names = ("op", "backends", "targets", "gdn", "max_context", "quantize_fp8", "arch", "seed", "device", "dtype")
+        return {n: getattr(self, n) for n in names}
+
+    def parity(self) -> ParityConfig:
+        return ParityConfig(**self._shared(), batch_sizes=self.batch_sizes)
+
+    def invariance(self) -> Any:
+        from gdn_lab.experiments.batch_invariance import InvarianceConfig
+
+        return InvarianceConfig(**self._shared(), batch_sizes=self.invariance_batch_sizes)
+
+
 def fused_prefill_parity(*, progress: bool = True, **kwargs: Any) -> pd.DataFrame:
     """Each backend of the op against its reference backend.
 
@@ -144,8 +191,10 @@ def headline(parity: pd.DataFrame, invariance: pd.DataFrame | None = None) -> st
     """One line for the suite index, from the parity table and (optionally) the invariance table."""
     done = parity[(parity.status == "compared") & ~parity.is_control.astype(bool)]
     if done.empty:
-        reasons = "; ".join(f"{r.backend}: {r.reason}" for r in parity.drop_duplicates("backend").itertuples())
-        return f"no fused backend ran ({reasons or 'none registered'})"
+        reasons = "; ".join(
+            f"{r.backend}: {common.short_reason(r.reason, 100)}" for r in parity.drop_duplicates("backend").itertuples()
+        )
+        return common.with_errors(f"no fused backend ran ({reasons or 'none registered'})", parity, invariance)
     parts = []
     for _backend, part in done.groupby("backend", sort=False):
         off = part[~part.within_tolerance.astype(bool)].tensor.unique().tolist()
@@ -158,7 +207,7 @@ def headline(parity: pd.DataFrame, invariance: pd.DataFrame | None = None) -> st
         inv = invariance[(invariance.status == "compared") & ~invariance.is_control.astype(bool)]
         var = sorted(inv[~inv.bitwise_equal.astype(bool)].backend.unique())
         parts.append("bitwise invariant across batches" if not var else f"batch-variant: {', '.join(var)}")
-    return "; ".join(parts)
+    return common.with_errors("; ".join(parts), parity, invariance)
 
 
 def conclusion(parity: pd.DataFrame, invariance: pd.DataFrame | None = None) -> str:
@@ -168,7 +217,7 @@ def conclusion(parity: pd.DataFrame, invariance: pd.DataFrame | None = None) -> 
         label = common.label(part)
         done = part[part.status == "compared"]
         if done.empty:
-            lines.append(f"- **{label}**: {part.status.iloc[0]}: {part.reason.iloc[0]}")
+            lines.append(f"- **{label}**: {part.status.iloc[0]}: {common.short_reason(part.reason.iloc[0])}")
             continue
         lines.append(f"- **{label}** against the unfused torch chain:")
         for tensor, t in done.groupby("tensor", sort=False):
@@ -185,7 +234,7 @@ def conclusion(parity: pd.DataFrame, invariance: pd.DataFrame | None = None) -> 
         for backend, part in invariance.groupby("backend", sort=False):
             done = part[part.status == "compared"]
             if done.empty:
-                lines.append(f"- {backend}: {part.status.iloc[0]}: {part.reason.iloc[0]}")
+                lines.append(f"- {backend}: {part.status.iloc[0]}: {common.short_reason(part.reason.iloc[0])}")
                 continue
             differ = int((~done.bitwise_equal.astype(bool)).sum())
             kind = " (control)" if bool(part.is_control.iloc[0]) else ""

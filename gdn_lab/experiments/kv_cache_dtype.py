@@ -63,7 +63,8 @@ class KVCacheConfig(ExperimentConfig):
     Attributes:
         op: an op with a KV cache and a float64 oracle.
         backends: None (every registered backend) or names.
-        arches: archs whose fp8 format is used ("gfx942", "gfx950", "sm_90", "auto" = the device's).
+        arches: archs whose fp8 format is used ("gfx942", "gfx950", "sm_90", "auto" = the device's;
+            None: the device's own arch only).
         contexts: target context lengths.
         batch_size: the batch the target is compared in.
         k_scale, v_scale: the fp8 dequantization scales (fixed).
@@ -74,7 +75,9 @@ class KVCacheConfig(ExperimentConfig):
 
     op: str = field(metadata=check(known_op, "an op with a KV cache"))
     backends: tuple[str, ...] | None = None
-    arches: tuple[str, ...] = field(default=DEFAULT_ARCHES, metadata=check(_arches, "archs whose fp8 format is used"))
+    arches: tuple[str, ...] | None = field(
+        default=DEFAULT_ARCHES, metadata=check(_arches, "archs whose fp8 format is used (None: the device's)")
+    )
     contexts: tuple[int, ...] = field(default=DEFAULT_CONTEXTS, metadata=check(positive_ints))
     batch_size: int = field(default=8, metadata=check(positive))
     k_scale: float = field(default=1.0, metadata=check(positive))
@@ -94,7 +97,7 @@ class KVCacheConfig(ExperimentConfig):
 
     def cases(self) -> list[Case]:
         shape = shape_of(self.op, {"attention": self.attention})
-        resolved = [self.device_arch if a == "auto" else a for a in self.arches]
+        resolved = [self.device_arch if a == "auto" else a for a in (self.arches or ("auto",))]
         out = []
         for arch in resolved:
             for fmt in ("compute", "fp8"):
@@ -166,14 +169,17 @@ def headline(df: pd.DataFrame) -> str:
     """One line for the suite index."""
     done = df[(df.status == "compared") & ~df.is_control.astype(bool)]
     if done.empty:
-        return "nothing ran: " + "; ".join(df.reason.dropna().unique()[:2])
+        reasons = "; ".join(common.short_reason(r, 100) for r in df.reason.dropna().unique()[:2])
+        return common.with_errors(f"nothing ran: {reasons}", df)
     fp8 = done[done.kv_format == "fp8"]
     parts = []
     if not fp8.empty:
         worst = fp8.groupby("kv_dtype").ref_rms_ratio.max()
         parts.append("fp8 KV error vs fp32 " + ", ".join(f"{k}: rms ratio <= {v:.3g}" for k, v in worst.items()))
     off = done[~done.within_tolerance.astype(bool)]
-    parts.append("all within tolerance" if off.empty else f"OUTSIDE tolerance: {len(off)} rows")
+    parts.append(
+        f"all {len(done)} compared rows within tolerance" if off.empty else f"OUTSIDE tolerance: {len(off)} rows"
+    )
     variant = done[~done.bitwise_equal.astype(bool)]
     parts.append(
         "bitwise invariant with both caches"
@@ -185,7 +191,7 @@ def headline(df: pd.DataFrame) -> str:
     if not skipped.empty:
         names = sorted({f"{r.backend}{r.hardware_note or ''}/{r.kv_dtype}" for r in skipped.itertuples()})
         parts.append(f"not covered: {', '.join(names)}")
-    return "; ".join(parts)
+    return common.with_errors("; ".join(parts), df)
 
 
 def conclusion(df: pd.DataFrame) -> str:
@@ -202,5 +208,5 @@ def conclusion(df: pd.DataFrame) -> str:
             f"`{part.tolerance.iloc[0]}` at {fmt_list(outside)}; batch-variant at {fmt_list(differ)}."
         )
     for (arch, kv, backend), part in df[df.status != "compared"].groupby(["arch", "kv_dtype", "backend"], sort=False):
-        lines.append(f"- {arch} / {kv} / {backend}: {part.status.iloc[0]}: {part.reason.iloc[0]}")
+        lines.append(f"- {arch} / {kv} / {backend}: {part.status.iloc[0]}: {common.short_reason(part.reason.iloc[0])}")
     return "\n".join(lines)

@@ -172,11 +172,13 @@ def headline(df: pd.DataFrame) -> str:
     parts = [
         f"{len(tested.backend.unique())} backends over contexts {int(df.target_len.min())}..{int(df.target_len.max())}"
         f" (up to {int(df.partitions.max())} partitions)",
-        "all within tolerance of the exact softmax" if not off else f"OUTSIDE tolerance: {', '.join(off)}",
+        f"all {len(tested)} compared rows within tolerance of the exact softmax"
+        if not off
+        else f"OUTSIDE tolerance: {', '.join(off)}",
         "all batch invariant" if not variant else f"batch-variant: {', '.join(variant)}",
         "worst share > 2 ulp / max abs from exact: " + ", ".join(f"{b} {far[b]:.1%} / {worst[b]:.2g}" for b in far),
     ]
-    return "; ".join(parts)
+    return common.with_errors("; ".join(parts), df)
 
 
 def conclusion(df: pd.DataFrame) -> str:
@@ -186,7 +188,7 @@ def conclusion(df: pd.DataFrame) -> str:
         done = part[part.status == "compared"]
         label = common.label(part)
         if done.empty:
-            lines.append(f"- **{label}**: not run: {part.reason.iloc[0]}")
+            lines.append(f"- **{label}**: not run: {common.short_reason(part.reason.iloc[0])}")
             continue
         worst = done.loc[done.exact_max_ulp.idxmax()]
         outside = done[~done.within_tolerance.astype(bool)].target_len.unique().tolist()

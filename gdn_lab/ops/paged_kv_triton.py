@@ -126,7 +126,8 @@ def grid_bound(name: str, value: int | None, lengths: Callable[[], torch.Tensor]
     """A grid extent's length bound: `value` when given (checked), else max(lengths()) read from
     the device (one host synchronisation; pass the value to capture a CUDA graph)."""
     if value is None:
-        return int(lengths().max().item())
+        found = lengths()
+        return int(found.max().item()) if found.numel() else 1  # an empty batch: no program reads it
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(
             f"{name}: expected a positive int (an upper bound of the batch's lengths) or None, got {value!r}"

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 import torch
 
 from gdn_lab import routing
 from gdn_lab.environment import fingerprint, notes
+from gdn_lab.experiments.config import ExperimentConfig
 from gdn_lab.ops import spec as op_spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentConfig(ExperimentConfig):
+    """Notebook 00: where am I, and how is a small call of each op routed here.
+
+    Attributes:
+        seed, device: as every experiment (seed is recorded; the example calls are fixed).
+        dtype: the compute dtype of the example calls.
+    """
 
 
 def _note(amd_library: bool, platform: str) -> str:

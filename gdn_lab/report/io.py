@@ -44,6 +44,14 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON file's content, or None when it is missing or does not parse (e.g. a run in progress)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def write_table(df: pd.DataFrame, out_dir: str | os.PathLike, name: str) -> Path:
     """Write one table as `<out_dir>/<name>.csv` (atomic). Returns the path.
 
@@ -57,8 +65,25 @@ def write_table(df: pd.DataFrame, out_dir: str | os.PathLike, name: str) -> Path
     return atomic_write_text(Path(out_dir) / f"{name}.csv", df.to_csv(index=False))
 
 
+def error_rows(out_dir: str | os.PathLike) -> dict[str, int]:
+    """{table name: rows with status "error"} over the CSV tables in out_dir (tables without errors left out)."""
+    counts = {}
+    for path in sorted(Path(out_dir).glob("*.csv")):
+        try:
+            status = pd.read_csv(path, usecols=lambda c: c == "status").get("status")
+        except (ValueError, pd.errors.EmptyDataError):
+            continue
+        n = int((status == "error").sum()) if status is not None else 0
+        if n:
+            counts[path.stem] = n
+    return counts
+
+
 def write_headline(out_dir: str | os.PathLike, notebook: str, headline: str, **extra: Any) -> Path:
     """Write the notebook's headline finding (`headline.json`), which the runner reads for the index.
+
+    The file also lists the notebook's tables and counts their error rows (`error_rows`, rows with
+    status "error"), so the index can say where backends failed whatever the headline says.
 
     Args:
         out_dir: the notebook's table folder.
@@ -68,13 +93,11 @@ def write_headline(out_dir: str | os.PathLike, notebook: str, headline: str, **e
     """
     tables = sorted(p.name for p in Path(out_dir).glob("*.csv"))
     return atomic_write_json(
-        Path(out_dir) / HEADLINE_FILE, {"notebook": notebook, "headline": headline, "tables": tables, **extra}
+        Path(out_dir) / HEADLINE_FILE,
+        {"notebook": notebook, "headline": headline, "tables": tables, "error_rows": error_rows(out_dir), **extra},
     )
 
 
 def read_headline(out_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The headline a notebook wrote, or None when it wrote none (e.g. it failed first)."""
-    path = Path(out_dir) / HEADLINE_FILE
-    if not path.exists():
-        return None
-    return json.loads(path.read_text())
+    return read_json(Path(out_dir) / HEADLINE_FILE)

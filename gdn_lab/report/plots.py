@@ -14,6 +14,28 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
+# Axis labels for the table columns the plots draw (a plot never shows a bare column name).
+LABELS = {
+    "exact_max_abs": "max |out − exact softmax|",
+    "exact_max_ulp": "max ulps from the exact softmax",
+    "ref_max_abs": "max |out − reference|",
+    "ref_rms_ratio": "rms(out − fp32 ref) / rms(ref)",
+    "kernel_max_abs": "max |out − exact over the cache read|",
+    "rel_mae": "relative mean abs error",
+    "max_abs": "max |a − b|",
+    "max_ulp": "max ulp distance",
+    "target_len": "context length (tokens)",
+    "batch_size": "batch size",
+    "fraction": "fraction of elements",
+    "ulp": "ulps from the exact value",
+    "tensor": "tensor",
+}
+
+
+def label_of(column: str) -> str:
+    """The axis label of a table column (LABELS), else the column name with spaces."""
+    return LABELS.get(column, column.replace("_", " "))
+
 
 def _styled(plot: Callable[..., Figure] | None = None, *, style: str = "whitegrid"):
     """Draw in a seaborn style (heatmaps: "white", no grid) without changing the caller's global style."""
@@ -74,7 +96,8 @@ def ulp_histogram(long: pd.DataFrame, title: str = "Distance to the exact softma
     fig, ax = plt.subplots(figsize=(7, 3.5))
     sns.barplot(data=long, x="ulp", y="fraction", hue="backend", ax=ax)
     ax.set_title(title)
-    ax.set_ylabel("fraction of elements")
+    ax.set_xlabel(label_of("ulp"))
+    ax.set_ylabel(label_of("fraction"))
     fig.tight_layout()
     return fig
 
@@ -89,16 +112,18 @@ def error_vs_context(
     title: str = "",
     logy: bool = True,
     categorical: bool = False,
+    ylabel: str | None = None,
 ) -> Figure:
     """`y` against the context length, a line per `hue` (and `style`), one panel per `col`.
 
     Args:
+        ylabel: the y axis label (default: `LABELS[y]`).
         categorical: one evenly spaced x position per context (for clustered contexts such as
             partition edges 255, 256, 257); otherwise a log x axis.
     """
     done = df[(df.status == "compared") & df[y].notna()].copy()
     if done.empty:
-        return _empty(title or y, "nothing ran")
+        return _empty(title or label_of(y), "nothing ran")
     done[y] = done[y].astype(float)
     if logy:
         # a zero error has no place on a log axis: show it at the smallest positive value / 2
@@ -125,7 +150,7 @@ def error_vs_context(
             ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}"))
             ax.xaxis.set_minor_formatter(ticker.NullFormatter())
             plt.setp(ax.get_xticklabels(), rotation=45 if len(contexts) > 6 else 0)
-    grid.set_axis_labels("context length (tokens)", y)
+    grid.set_axis_labels(label_of("target_len"), ylabel or label_of(y))
     if title:
         grid.figure.suptitle(title, y=1.02)
     return grid.figure
@@ -143,6 +168,8 @@ def parity_bars(df: pd.DataFrame, title: str = "Fused vs unfused chain (relative
     fig, ax = plt.subplots(figsize=(7, 3.5))
     sns.barplot(data=worst, x="tensor", y="rel_mae", hue="backend", ax=ax)
     ax.set_yscale("log")
+    ax.set_xlabel(label_of("tensor"))
+    ax.set_ylabel(label_of("rel_mae"))
     ax.set_title(title)
     fig.tight_layout()
     return fig

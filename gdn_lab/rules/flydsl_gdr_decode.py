@@ -8,7 +8,8 @@ lanes share one K=128 reduction (h.k, h.q, k.q, the L2 norms): another WTK sums 
 so a request's bits follow the batch size wherever the tuned WTK changes between two batch sizes
 (aiter_contracts.md 3.3). NUM_WARPS and NUM_BLOCKS_PER_V_DIM only re-tile V.
 
-The table is data/aiter/gdr_decode_tuned.csv (copied unchanged; see data/aiter/README.md). It
+The table is data/aiter/gdr_decode_tuned.csv (copied unchanged; see data/aiter/README.md; a wheel
+carries it as package data, `gdn_lab.package_data`). It
 covers gfx942 b = 1..128 and gfx950 b = 1..256, query length 1, K = V = 128, bf16 activations,
 fp32 or bf16 state, and (HK, HV) in (2,8) (4,8) (4,16) (8,16) (8,32) (16,32) (16,64).
 
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from gdn_lab import package_data
 from gdn_lab.rules.base import Predicted
 
 ARCHS = ("gfx942", "gfx950")
@@ -43,7 +45,7 @@ DEFAULT_ARCH = "gfx950"
 DEFAULT_WTK = 8  # AITER's untuned WARP_THREADS_K
 DEFAULT_NUM_WARPS, DEFAULT_V_BLOCKS = 4, 1  # AITER's untuned NUM_WARPS and NUM_BLOCKS_PER_V_DIM
 MAX_DURATION = 10000.0  # AITER ignores rows whose measured duration is at or above this
-TABLE_PATH = Path(__file__).resolve().parents[2] / "data" / "aiter" / "gdr_decode_tuned.csv"
+TABLE_PATH = package_data.path("aiter") / "gdr_decode_tuned.csv"
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ SMALL_INDEX_NUMEL = 1 << 16
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """A tensor's shape, dtype and device, standing in for it in a call description.
+    """A tensor's shape, dtype, device and contiguity, standing in for it in a call description.
 
     Example:
         >>> m = TensorMeta.of(torch.zeros(3, 4, dtype=torch.float16))
@@ -183,10 +183,14 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
+    contiguous: bool = True
 
     @classmethod
     def of(cls, t: torch.Tensor) -> TensorMeta:
-        return cls(tuple(t.shape), t.dtype, t.device)
+        return cls(tuple(t.shape), t.dtype, t.device, t.is_contiguous())
+
+    def is_contiguous(self) -> bool:
+        return self.contiguous
 
     def dim(self) -> int:
         return len(self.shape)

@@ -13,6 +13,7 @@ from gdn_lab.ops.decode_attention.reference import decode_attention_torch
 ATT = {"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 16}
 GDN = {"num_k_heads": 1, "num_v_heads": 2, "head_dim": 16}
 SMALL = dict(device="cpu", dtype="float32", max_context=40, progress=False, include_controls=False)
+CFG = {k: v for k, v in SMALL.items() if k != "progress"}  # config fields only
 
 
 @pytest.fixture
@@ -124,7 +125,7 @@ def test_uncovered_and_failing_backends_are_rows_not_crashes(test_backends):
     assert (err.status == "error").all() and err.reason.str.contains("ZeroDivisionError").all()
     s = bi.summarize(df).set_index("backend")
     assert s.loc["test-uncovered", "verdict"] == "not covered" and s.loc["test-raises", "verdict"] == "error"
-    assert "errors: test-raises/decode_attention" in bi.headline(df)
+    assert bi.headline(df).startswith("2 ERROR rows (test-raises: 2; first: ZeroDivisionError: division by zero); ")
 
 
 def test_same_seed_same_table_other_seed_other_batches():
@@ -190,8 +191,16 @@ def test_run_ops_shares_backend_lists_and_checks_overrides():
         ("decode_attention", "torch-partitioned"),
         ("gdn_decode", "torch"),
     }
-    with pytest.raises(ValueError, match="op_overrides: gdn_prefill not in ops"):
-        bi.run_ops(["gdn_decode"], {"gdn_prefill": {}}, **SMALL)
+    # a preset keeps every op's overrides and -p ops=[...] picks some: the others are not used
+    assert [c.op for c in bi.configs(["gdn_decode"], {"gdn_prefill": {"targets": [3]}}, **CFG)] == ["gdn_decode"]
+    with pytest.raises(ValueError, match="op_overrides: gdn_prefil not an op; accepted: "):
+        bi.configs(["gdn_decode"], {"gdn_prefil": {}}, **CFG)
+    with pytest.raises(ValueError, match="ops: 'nope' is not accepted"):  # the op list itself is checked first
+        bi.configs(["nope"], {"gdn_prefill": {}}, **CFG)
+    with pytest.raises(ValueError, match="op_overrides.gdn_decode.trials: expected a positive number, got 0"):
+        bi.configs(["gdn_decode"], {"gdn_decode": {"trials": 0}}, **CFG)
+    with pytest.raises(ValueError, match="backends: none of fla is a backend of decode_attention"):
+        bi.configs(["decode_attention"], backends=["fla"], **CFG)
 
 
 @pytest.mark.parametrize(

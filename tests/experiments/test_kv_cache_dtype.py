@@ -32,3 +32,29 @@ def test_unknown_arch_is_rejected():
         kv.kv_cache_dtype(
             op="decode_attention", backends=["torch"], arches=["gfx90a"], contexts=[4], device="cpu", progress=False
         )
+
+
+def test_error_rows_lead_the_headline():
+    """A backend that raises on every case (as torch-partitioned once did on the H200) is counted
+    first in the headline, never hidden behind "all within tolerance"."""
+    from gdn_lab import routing
+
+    def raises(**args):
+        raise RuntimeError("expected self and mask to be on the same device")
+
+    routing.register(routing.Backend("decode_attention", "test-raises", raises, routing.LIBRARY_TORCH, auto=False))
+    try:
+        df = kv.kv_cache_dtype(
+            op="decode_attention", backends=["torch", "test-raises"], arches=["gfx950"], contexts=[16], batch_size=2,
+            device="cpu", dtype="float32", attention=ATT, max_context=16, progress=False,
+        )  # fmt: skip
+    finally:
+        routing._REGISTRY["decode_attention"].pop("test-raises")
+    head = kv.headline(df)
+    assert head.startswith("2 ERROR rows (test-raises: 2; first: RuntimeError: expected self and mask"), head
+    assert "all 2 compared rows within tolerance" in head
+
+
+def test_arches_null_is_the_device_arch():
+    cfg = kv.KVCacheConfig(op="decode_attention", arches=None, device="cpu")
+    assert [c.arch for c in cfg.cases()][:1] == ["cpu"]

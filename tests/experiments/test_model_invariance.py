@@ -3,6 +3,7 @@ caught and named, with its step and token), the workloads, the rule columns of a
 a Hugging Face model built from a config (when transformers is installed)."""
 
 import pytest
+import torch
 
 from gdn_lab import routing
 from gdn_lab.experiments import model_invariance as mi
@@ -225,6 +226,14 @@ def test_any_hugging_face_causal_lm_built_by_the_caller():
         mi.run(exp, progress=False)
 
 
+def _num_requests(args) -> int:
+    """Requests in an example call: its per-request lengths, offsets or slots, else a matmul's rows."""
+    for name, less in (("seq_lens", 0), ("cu_seqlens", 1), ("slots", 0)):
+        if name in args:
+            return len(args[name]) - less
+    return args["x"].shape[0]
+
+
 def test_every_registered_rule_predicts_the_same_from_a_kept_call_description():
     # What the trace keeps (shapes, small index tensors) is all the lab's dispatch rules read.
     from gdn_lab.ops import spec
@@ -234,8 +243,8 @@ def test_every_registered_rule_predicts_the_same_from_a_kept_call_description():
     ruled = [b for op in spec.names() for b in routing.backends(op) if b.rule is not None]
     assert {b.name for b in ruled} >= {"aiter-triton-pa", "aiter-triton-unified"}
     for b in ruled:
-        args = spec.get(b.op).example()
+        args = spec.get(b.op).example(dtype=torch.float16)  # a dtype every AMD kernel takes
         described = describe_call(args)
         for env in (RuleEnv("gfx950", 256), RuleEnv("gfx942", 1)):
-            for i in range(len(args["seq_lens"])):  # every request of the example batch
+            for i in range(_num_requests(args)):  # every request of the example batch
                 assert b.rule.predict(described, i, env) == b.rule.predict(args, i, env), b.name

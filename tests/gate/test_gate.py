@@ -39,9 +39,9 @@ def _register(run, variant_control: bool = False, name: str = "test-gate"):
 
 
 @pytest.fixture
-def gate():
+def gate(device):
     _register(gdn_decode_torch)
-    cfg = GateConfig(device="cpu", dtype="float32", cases=CASES)
+    cfg = GateConfig(device=device.type, dtype="float32", cases=CASES)
     try:
         yield cfg, fingerprint(cfg, progress=False)
     finally:
@@ -96,17 +96,19 @@ def test_another_environment_compares_verdicts_only(gate):
     assert result.ok and not result.hashes_compared and "torch: " in " ".join(result.environment.values())
 
 
-def _preset(tmp_path, cases):
+def _preset(tmp_path, cases, device):
     path = tmp_path / "gate.yaml"
     path.write_text(
-        yaml.safe_dump({"description": "test gate", "gate": {"device": "cpu", "dtype": "float32", "cases": cases}})
+        yaml.safe_dump(
+            {"description": "test gate", "gate": {"device": device.type, "dtype": "float32", "cases": cases}}
+        )
     )
     return str(path)
 
 
-def test_the_cli_writes_checks_and_updates(gate, tmp_path, capsys):
+def test_the_cli_writes_checks_and_updates(gate, tmp_path, capsys, device):
     out = tmp_path / "golden.json"
-    assert cli.main(["fingerprint", "--preset", _preset(tmp_path, CASES), "--out", str(out), "--quiet"]) == 0
+    assert cli.main(["fingerprint", "--preset", _preset(tmp_path, CASES, device), "--out", str(out), "--quiet"]) == 0
     assert cli.main(["check", "--golden", str(out), "--quiet"]) == 0
     assert "ok: every case" in capsys.readouterr().out
     doc = json.loads(out.read_text())
@@ -136,8 +138,8 @@ def test_bad_golden_files_exit_2(tmp_path, capsys, content, message):
     assert message in capsys.readouterr().err
 
 
-def test_bad_gate_presets_exit_2(tmp_path, capsys):
-    bad = _preset(tmp_path, [{"op": "gdn_decode", "targets": [0]}])
+def test_bad_gate_presets_exit_2(tmp_path, capsys, device):
+    bad = _preset(tmp_path, [{"op": "gdn_decode", "targets": [0]}], device)
     assert cli.main(["fingerprint", "--preset", bad, "--out", str(tmp_path / "x.json")]) == 2
     assert "targets: expected positive integers" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()

@@ -193,14 +193,15 @@ def test_a_request_is_bitwise_equal_alone_and_batched_and_the_trace_agrees(model
 
 
 @pytest.mark.slow
-def test_triton_backends_agree_with_the_references(model):
-    """Our Triton kernels (the interpreter on the CPU): same tokens, logprobs within 1e-5."""
-    tri = Model(model.config, backends={
+def test_triton_backends_agree_with_the_references(model, device):
+    """Our Triton kernels on the test device (the interpreter on the CPU): same tokens, logprobs within 1e-5."""
+    ref = model if device.type == "cpu" else Model(model.config, device=device)  # the same seeded weights
+    tri = Model(model.config, device=device, backends={
         "matmul": "triton", "rms_norm": "triton", "gdn_layer_prefill": "triton-fused", "gdn_decode": "triton",
         "prefill_attention": "triton", "decode_attention": "triton",
     })  # fmt: skip
     prompts = PROMPTS[:2]
-    want, got = model.generate(prompts, 3), tri.generate(prompts, 3)
+    want, got = ref.generate(prompts, 3), tri.generate(prompts, 3)
     assert torch.equal(want.tokens, got.tokens)
     assert (want.logprobs - got.logprobs).abs().max() <= 1e-5
 

@@ -1,4 +1,5 @@
-"""The fla backends: fused_recurrent under the interpreter against the torch reference; availability.
+"""The fla backends on the test device (a GPU, or fused_recurrent under the CPU interpreter) against the
+torch reference; availability.
 
 fla-core is an optional dependency (the `gpu` extra). The tests that run fla skip when it is not
 installed; its chunk op needs a GPU (it fails under TRITON_INTERPRET), so the `fla` prefill
@@ -16,7 +17,6 @@ from gdn_lab.ops import gdn_decode, gdn_prefill
 
 HAS_FLA = importlib.util.find_spec("fla") is not None
 needs_fla = pytest.mark.skipif(not HAS_FLA, reason="fla-core is not installed (pip install 'fla-core>=0.6.0')")
-ON_CPU = not torch.cuda.is_available()
 
 STATE_TOL = {"atol": 2e-5, "rtol": 1e-4}
 OUT_TOL = {torch.float32: {"atol": 2e-5, "rtol": 1e-4}, torch.bfloat16: {"atol": 1.6e-2, "rtol": 1.6e-2}}
@@ -26,14 +26,18 @@ def rnd(g, *shape):
     return torch.randn(*shape, generator=g)
 
 
-def decode_case(B, hk, hv, d, dtype, seed=0, pad=()):
+def on(device, case):
+    return {k: v.to(device) for k, v in case.items()}
+
+
+def decode_case(B, hk, hv, d, dtype, device, seed=0, pad=()):
     g = torch.Generator().manual_seed(seed)
     state = 0.1 * rnd(g, B + 1, hv, d, d)
     state[B] = float("nan")  # nobody's slot
     slots = torch.randperm(B, generator=g).to(torch.int32)
     for i in pad:
         slots[i] = -1
-    return {
+    return on(device, {
         "q": rnd(g, B, hk, d).to(dtype),
         "k": rnd(g, B, hk, d).to(dtype),
         "v": rnd(g, B, hv, d).to(dtype),
@@ -43,17 +47,17 @@ def decode_case(B, hk, hv, d, dtype, seed=0, pad=()):
         "dt_bias": 0.5 * rnd(g, hv),
         "state": state,
         "slots": slots,
-    }
+    })  # fmt: skip
 
 
-def prefill_case(lengths, hk, hv, d, seed=0, pad=()):
+def prefill_case(lengths, hk, hv, d, device, seed=0, pad=()):
     g = torch.Generator().manual_seed(seed)
     T, n = sum(lengths), len(lengths)
     state = 0.1 * rnd(g, n + 1, hv, d, d)
     slots = (torch.arange(n, dtype=torch.int32) + 1).flip(0)
     for i in pad:
         slots[i] = -1
-    return {
+    return on(device, {
         "q": rnd(g, T, hk, d),
         "k": rnd(g, T, hk, d),
         "v": rnd(g, T, hv, d),
@@ -64,7 +68,7 @@ def prefill_case(lengths, hk, hv, d, seed=0, pad=()):
         "cu_seqlens": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32),
         "state": state,
         "slots": slots,
-    }
+    })  # fmt: skip
 
 
 def copy(case):
@@ -80,8 +84,8 @@ def copy(case):
         pytest.param(2, 2, 6, 16, torch.float32, False, (), id="hk2-hv6-no-l2norm"),
     ],
 )
-def test_fla_decode_matches_reference(B, hk, hv, d, dtype, l2norm, pad):
-    case = decode_case(B, hk, hv, d, dtype, pad=pad)
+def test_fla_decode_matches_reference(B, hk, hv, d, dtype, l2norm, pad, device):
+    case = decode_case(B, hk, hv, d, dtype, device, pad=pad)
     if not l2norm:
         case["q"], case["k"] = case["q"] * d**-0.5, case["k"] * d**-0.5
     ours, ref = copy(case), copy(case)
@@ -95,10 +99,10 @@ def test_fla_decode_matches_reference(B, hk, hv, d, dtype, l2norm, pad):
 
 
 @needs_fla
-def test_fla_decode_bitwise_invariant():
+def test_fla_decode_bitwise_invariant(device):
     """fla's fused_recurrent, through the lab's wrapper: row 0 alone == row 0 of a batch."""
-    case = decode_case(4, 2, 4, 32, torch.float32, seed=5)
-    case["slots"] = torch.arange(4, dtype=torch.int32)
+    case = decode_case(4, 2, 4, 32, torch.float32, device, seed=5)
+    case["slots"] = torch.arange(4, dtype=torch.int32, device=device)
     alone = {k: (v[:1].clone() if k not in ("A_log", "dt_bias") else v.clone()) for k, v in case.items()}
     batch = copy(case)
     o1 = gdn_decode(**alone, backend="fla")
@@ -107,11 +111,11 @@ def test_fla_decode_bitwise_invariant():
 
 
 @needs_fla
-def test_fla_state_layout_conversion(monkeypatch):
+def test_fla_state_layout_conversion(monkeypatch, device):
     """The explicit transpose path (for an fla without state_v_first) agrees with the VK path."""
     from gdn_lab.ops import fla_adapter as lab_fla
 
-    case = decode_case(2, 2, 4, 16, torch.float32, seed=2)
+    case = decode_case(2, 2, 4, 16, torch.float32, device, seed=2)
     vk, kv = copy(case), copy(case)
     o_vk = gdn_decode(**vk, backend="fla")
     monkeypatch.setitem(lab_fla._V_FIRST, lab_fla.fused_recurrent_gated_delta_rule, None)
@@ -122,10 +126,10 @@ def test_fla_state_layout_conversion(monkeypatch):
 
 
 @needs_fla
-def test_fla_recurrent_prefill_matches_reference():
+def test_fla_recurrent_prefill_matches_reference(device):
     """Varlen prefill through fla's fused_recurrent: states gathered and written back, a padded
     sequence gets zeros and leaves its slot alone."""
-    case = prefill_case([5, 9, 3], 2, 4, 16, pad=(1,))
+    case = prefill_case([5, 9, 3], 2, 4, 16, device, pad=(1,))
     ours, ref = copy(case), copy(case)
     o = gdn_prefill(**ours, backend="fla-recurrent")
     o_ref = gdn_prefill(**ref, backend="torch-recurrent")
@@ -144,7 +148,7 @@ def test_dispatch_pinned_off():
     assert os.environ.get(lab_fla.DISPATCH_ENV) == "1"
 
 
-@pytest.mark.skipif(not ON_CPU, reason="the CPU reason only applies without a GPU")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the reason applies to a machine without a GPU")
 def test_chunk_prefill_unavailable_on_cpu_with_reason():
     ok, reason = fla_backends.available_chunk()
     assert not ok and ("TRITON_INTERPRET" in reason or "not installed" in reason)

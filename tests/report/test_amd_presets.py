@@ -43,11 +43,11 @@ def test_sglangs_kernel_test_and_sensitivity_check_are_in_the_preset(name, arch)
     assert [t - 1 for t in p07["targets"]] == [4096, 32768]  # prefixes before the one new token
     assert [b - 1 for b in p07["batch_sizes"]] == [1, 3, 15]  # batchmates
     common = dict(seed=0, device="cpu", dtype=v07["dtype"], kv_dtype=v07["kv_dtype"], arch=v07["arch"],
-                  attention=v07["attention_shape"])  # fmt: skip
+                  attention=v07["attention"])  # fmt: skip
     for op, cases in v07["ops"].items():
         c = aiter_dispatch.DispatchConfig(**{**common, **cases, "op": op})
         assert {b.op for b in c.chosen()} == {op} and "aiter" in {b.name for b in c.chosen()}
-    heads = v07["attention_shape"]
+    heads = v07["attention"]
     assert (heads["num_q_heads"], heads["num_kv_heads"], heads["head_dim"]) == (32, 8, 128)  # Qwen3-8B at TP1
 
 

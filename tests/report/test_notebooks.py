@@ -1,11 +1,13 @@
 """The committed notebooks follow notebooks/README.md: stripped, one literal parameters cell with
-comments, the required parameters, no logic of their own, a computed conclusion last."""
+comments, exactly the fields of the Config their metadata names (plus preset and out_dir), a setup
+call that passes every one of them, no logic of their own, a computed conclusion last."""
 
 import ast
 
 import nbformat
 import pytest
 
+from gdn_lab.report.parameters import config_class, field_names, read_schema
 from gdn_lab.report.runner import discover
 from gdn_lab.report.strip import is_stripped, main, strip
 
@@ -42,6 +44,29 @@ def test_one_parameters_cell_of_commented_literals(nb):
         ast.literal_eval(stmt[0].value)  # literals only
         names.append(stmt[0].targets[0].id)
     assert set(REQUIRED) <= set(names) and len(names) == len(set(names))
+
+
+def test_parameters_are_the_fields_of_the_config_the_metadata_names(nb, request):
+    name = nb.metadata["gdn_lab"]["config"]
+    cls = config_class(name)
+    tagged = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    names = [ast.parse(line.partition("  # ")[0]).body[0].targets[0].id for line in tagged.source.splitlines() if line]
+    assert names[:2] == ["preset", "out_dir"] and sorted(names[2:]) == sorted(field_names(cls))
+    # the setup cell: setup(<that class>, "<stem>", preset=preset, out_dir=out_dir, <field>=<field>, ...)
+    calls = [
+        n for c in nb.cells if c.cell_type == "code" for n in ast.walk(ast.parse(c.source))
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "setup"
+    ]  # fmt: skip
+    assert len(calls) == 1
+    call = calls[0]
+    assert call.args[0].id == cls.__name__ and ast.literal_eval(call.args[1]) == request.node.callspec.params["nb"]
+    assert {k.arg: k.value.id for k in call.keywords} == {n: n for n in names}
+
+
+def test_every_notebook_reads_as_a_schema():
+    for name, path in NOTEBOOKS.items():
+        schema = read_schema(path)
+        assert schema.notebook == name and set(schema.cell) == {"preset", "out_dir", *field_names(schema.config)}
 
 
 def test_no_logic_in_the_notebook_and_a_computed_conclusion(nb):

@@ -1,49 +1,15 @@
-"""The suite runner: bad input is rejected with the valid names before anything runs; a failing
-notebook does not stop the others; index.html and summary.json are written after every notebook."""
+"""The suite runner: a failing notebook does not stop the others; index.html and summary.json say
+what ran, from which run; --only and --resume add to one directory honestly."""
 
 import json
 import tarfile
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
 
 from gdn_lab import cli
 from gdn_lab.report import runner
 from gdn_lab.report.runner import NotebookResult, RunError, run_suite
-
-
-def write_notebook(path, body):
-    params = new_code_cell(
-        'preset = "x"  # the preset\ndevice = "cpu"  # where\nseed = 0  # seed\nout_dir = "out"  # tables\nvalue = 1  # a number'
-    )
-    params.metadata["tags"] = ["parameters"]
-    nb = new_notebook(cells=[params, new_code_cell(body)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, str(path))
-
-
-OK_BODY = (
-    "import pandas as pd\n"
-    "from gdn_lab.report.io import write_headline, write_table\n"
-    "write_table(pd.DataFrame({'value': [value]}), out_dir, 'numbers')\n"
-    "write_headline(out_dir, 'nb', f'value is {value}')\n"
-    "print('TRITON_INTERPRET', __import__('os').environ.get('TRITON_INTERPRET'))"
-)
-
-
-@pytest.fixture
-def suite(tmp_path):
-    nbs = tmp_path / "notebooks"
-    nbs.mkdir()
-    write_notebook(nbs / "01_first.ipynb", OK_BODY)
-    write_notebook(nbs / "02_broken.ipynb", "raise ValueError('planted failure')")
-    write_notebook(nbs / "03_last.ipynb", OK_BODY)
-    preset = tmp_path / "tiny.yaml"
-    preset.write_text(
-        "description: test\nparameters:\n  device: cpu\n  value: 5\nnotebooks:\n  03_last:\n    value: 7\n"
-    )
-    return nbs, preset
 
 
 def test_failing_notebook_does_not_stop_the_others(suite, tmp_path, monkeypatch, capsys):
@@ -56,16 +22,18 @@ def test_failing_notebook_does_not_stop_the_others(suite, tmp_path, monkeypatch,
     assert code == 1
     captured = capsys.readouterr()
     assert captured.out.strip() == f"{out}/index.html"
-    assert "1 of 3 notebooks failed: 02_broken" in captured.err
+    assert "1 of 3 notebooks failed: 02_broken (failed)" in captured.err
     summary = json.loads((out / "summary.json").read_text())
     status = {nb["name"]: nb["status"] for nb in summary["notebooks"]}
     assert status == {"01_first": "ok", "02_broken": "failed", "03_last": "ok"} and summary["ok"] is False
+    assert summary["state"] == "complete" and summary["run"]["finished"]
     broken = next(nb for nb in summary["notebooks"] if nb["name"] == "02_broken")
     assert "ValueError: planted failure" in broken["error"]
     last = next(nb for nb in summary["notebooks"] if nb["name"] == "03_last")
     assert last["headline"] == "value is 7" and last["parameters"]["seed"] == 3
     assert last["parameters"]["out_dir"] == str(out / "03_last")
-    assert last["files"]["tables"] == ["03_last/numbers.csv"]
+    assert last["parameters"]["sizes"] is None, "an explicit null from the preset is a value, injected as None"
+    assert last["files"]["tables"] == ["03_last/numbers.csv"] and not last["files"]["partial"]
     for name in ("01_first", "02_broken", "03_last"):
         assert (out / f"{name}.ipynb").exists() and (out / f"{name}.html").exists()
     executed = nbformat.read(str(out / "01_first.ipynb"), as_version=4)
@@ -73,88 +41,149 @@ def test_failing_notebook_does_not_stop_the_others(suite, tmp_path, monkeypatch,
     assert "TRITON_INTERPRET 1" in "".join(o.get("text", "") for o in executed.cells[-1].outputs)
     page = (out / "01_first.html").read_text()
     assert "gdn-code-toggle" in page and "require.min.js" not in page and 'class="gdn-hide-code' in page
+    assert page.index("value is 5") < page.index('<div class="jp-Cell'), "the headline sits on top of the report"
     index = (out / "index.html").read_text()
     assert "planted failure" in index and "value is 5" in index and 'href="03_last.html"' in index
+    assert "1 of 3 notebooks are not ok: 02_broken" in index, "the index starts with the overall verdict"
     with tarfile.open(tmp_path / "run.tar.gz") as tar:
         names = tar.getnames()
     assert "run/index.html" in names and "run/03_last/numbers.csv" in names
 
 
-def test_all_ok_exits_zero(suite, tmp_path, monkeypatch, capsys):
+def test_parameters_injected_are_exactly_the_ones_that_ran(suite, tmp_path, monkeypatch):
+    """The executed notebook's injected cell and papermill metadata hold the values the Config got."""
+    nbs, preset = suite
+    out = tmp_path / "run"
+    summary = run_suite(str(preset), only=["01"], out=out, notebook_dir=nbs, overrides=["label=null"])
+    assert [nb.status for nb in summary.this_run()] == ["ok"]
+    seen = json.loads((out / "01_first" / "config.json").read_text())
+    executed = nbformat.read(str(out / "01_first.ipynb"), as_version=4)
+    injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1
+    namespace: dict = {}
+    exec(injected[0].source, namespace)  # the cell holds literals only
+    cell = {k: v for k, v in namespace.items() if not k.startswith("__")}
+    ran = {"preset": seen["preset"], "out_dir": seen["out_dir"], **seen["parameters"]}
+    assert cell == ran == executed.metadata.papermill["parameters"] == summary.this_run()[0].parameters
+    assert ran["label"] is None and ran["sizes"] is None and ran["value"] == 5 and ran["device"] == "cpu"
+    assert set(seen["parameters"]) == {"seed", "device", "dtype", "value", "label", "sizes"}
+
+
+def test_only_into_an_existing_directory_reports_the_selected_notebooks(suite, tmp_path, monkeypatch, capsys):
     nbs, preset = suite
     monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbs)
-    stale = tmp_path / "r" / "03_last" / "old.csv"
-    stale.parent.mkdir(parents=True)
+    out = tmp_path / "r"
+    assert cli.main(["run", "--preset", str(preset), "--out", str(out)]) == 1  # 02 fails
+    stale = out / "03_last" / "old.csv"
     stale.write_text("a\n1\n")
-    assert cli.main(["run", "--preset", str(preset), "--only", "03", "--out", str(tmp_path / "r")]) == 0
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert [nb["name"] for nb in summary["notebooks"]] == ["03_last"] and summary["ok"]
-    assert not stale.exists() and summary["notebooks"][0]["files"]["tables"] == ["03_last/numbers.csv"]
-    # the rest of the suite in a second call, into the same directory: one index for both
-    assert cli.main(["run", "--preset", str(preset), "--only", "01", "--out", str(tmp_path / "r")]) == 0
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert [(nb["name"], nb["status"]) for nb in summary["notebooks"]] == [("01_first", "ok"), ("03_last", "ok")]
-    assert "value is 7" in (tmp_path / "r" / "index.html").read_text()
-    assert oct((tmp_path / "r" / "index.html").stat().st_mode & 0o777) != oct(0o600), "readable by colleagues"
+    capsys.readouterr()
+    assert cli.main(["run", "--preset", str(preset), "--only", "03", "--out", str(out)]) == 0
+    assert "failed" not in capsys.readouterr().err, "02's earlier failure is not this run's"
+    summary = json.loads((out / "summary.json").read_text())
+    assert [nb["name"] for nb in summary["notebooks"]] == ["01_first", "02_broken", "03_last"]
+    assert summary["selected"] == ["03_last"] and len(summary["runs"]) == 2
+    runs = {nb["name"]: nb["run_id"] for nb in summary["notebooks"]}
+    assert runs["03_last"] == summary["run"]["id"] != runs["01_first"] == runs["02_broken"]
+    assert not stale.exists() and summary["notebooks"][2]["files"]["tables"] == ["03_last/numbers.csv"]
+    index = (out / "index.html").read_text()
+    assert index.count("from another run") == 2 and "the notebooks come from 2 runs" in index
+    assert oct((out / "index.html").stat().st_mode & 0o777) != oct(0o600), "readable by colleagues"
+
+
+def test_resume_skips_what_is_ok_with_the_same_parameters_and_says_so(suite, tmp_path, monkeypatch, capsys):
+    nbs, preset = suite
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbs)
+    out = tmp_path / "r"
+    assert cli.main(["run", "--preset", str(preset), "--only", "01", "03", "--out", str(out)]) == 0
+    capsys.readouterr()
+    first = json.loads((out / "summary.json").read_text())
+    assert cli.main(["run", "--resume", str(out), "--only", "01", "03"]) == 0
+    err = capsys.readouterr().err
+    assert "01_first: skipped: ok in this directory" in err and "03_last: skipped" in err
+    again = json.loads((out / "summary.json").read_text())
+    assert [nb["run_id"] for nb in again["notebooks"]] == [nb["run_id"] for nb in first["notebooks"]]
+    assert (out / "01_first.ipynb").read_bytes(), "the skipped notebook's files are kept"
+    # a changed parameter reruns the notebooks that have it, and only those
+    assert cli.main(["run", "--resume", str(out), "--only", "01", "03", "-p", "seed=4"]) == 0
+    err = capsys.readouterr().err
+    assert "01_first (rerun: parameters changed: seed)" in err and "03_last (rerun: parameters changed: seed)" in err
+    # resuming reruns a notebook that failed
+    assert cli.main(["run", "--resume", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "[2/3] 02_broken\n" in err and "01_first: skipped" in err and "03_last: skipped" in err
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--preset", "no-such-preset"], "preset: 'no-such-preset' is not known; accepted: "),
-        (
-            ["--preset", "cpu-smoke", "--only", "99_nothing"],
-            "--only: '99_nothing' is not a notebook of the suite; accepted: 00_environment_and_routing",
-        ),
-        (
-            ["--preset", "cpu-smoke", "-p", "no_such_param=1"],
-            "-p: no_such_param not declared by the selected notebooks; accepted: ",
-        ),
-        (["--preset", "cpu-smoke", "-p", "seed"], "-p: expected KEY=VALUE"),
-        (["--preset", "cpu-smoke", "--only", "02", "-p", "ops=[gdn_decode]"], "-p: ops not declared"),
-        (["--preset", "cpu-smoke", "--only", "0"], "matches several notebooks"),
+        (["--resume", "{tmp}/nothing-here"], "--resume: {tmp}/nothing-here holds no run to resume"),
+        (["--preset", "{preset}", "--resume", "{tmp}/r", "--out", "{tmp}/other"], "--resume {tmp}/r and --out"),
     ],
 )
-def test_bad_input_is_rejected_with_the_valid_names(args, message, tmp_path, capsys):
-    out = tmp_path / "never"
-    assert cli.main(["run", *args, "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert message in err
-    assert not out.exists(), "nothing runs, nothing is written"
+def test_resume_bad_input(args, message, suite, tmp_path, capsys):
+    _, preset = suite
+    fill = {"tmp": str(tmp_path), "preset": str(preset)}
+    assert cli.main(["run", *[a.format(**fill) for a in args]]) == 2
+    assert message.format(**fill) in capsys.readouterr().err
 
 
-def test_unknown_preset_lists_the_presets(capsys):
-    assert cli.main(["run", "--preset", "nope"]) == 2
-    err = capsys.readouterr().err
-    for name in ("cpu-smoke", "h200", "mi350x", "mi308x"):
-        assert name in err
+def test_a_directory_of_another_preset_is_refused(suite, tmp_path, monkeypatch, capsys):
+    nbs, preset = suite
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbs)
+    out = tmp_path / "r"
+    assert cli.main(["run", "--preset", str(preset), "--only", "03", "--out", str(out)]) == 0
+    other = tmp_path / "other.yaml"
+    other.write_text(preset.read_text())
+    assert cli.main(["run", "--preset", str(other), "--only", "03", "--out", str(out)]) == 2
+    assert f"holds a run of preset '{preset}'" in capsys.readouterr().err
 
 
 def test_preset_entries_are_checked_against_the_notebooks(suite, tmp_path):
     nbs, _ = suite
-    bad_nb = tmp_path / "bad_nb.yaml"
-    bad_nb.write_text("notebooks:\n  05_missing: {}\n")
-    with pytest.raises(RunError, match="05_missing are not in the suite; accepted: 01_first, 02_broken, 03_last"):
-        run_suite(str(bad_nb), notebook_dir=nbs, out=tmp_path / "x")
-    bad_param = tmp_path / "bad_param.yaml"
-    bad_param.write_text("notebooks:\n  01_first: {colour: red}\n")
-    with pytest.raises(RunError, match="colour not declared; accepted: preset, device, seed, out_dir, value"):
-        run_suite(str(bad_param), notebook_dir=nbs, out=tmp_path / "x")
-    bad_top = tmp_path / "bad_top.yaml"
-    bad_top.write_text("paramaters: {}\n")
-    with pytest.raises(RunError, match="unknown top-level keys"):
-        run_suite(str(bad_top), notebook_dir=nbs, out=tmp_path / "x")
+    cases = {
+        "notebooks:\n  05_missing: {value: 1}\n": "05_missing are not in the suite; accepted: 01_first, 02_broken, 03_last",
+        "notebooks:\n  01_first: {colour: red}\n": "colour not parameters of 01_first; accepted: device, dtype, label",
+        "notebooks:\n  01_first: {label: y}\n": "the notebook fixes label = 'x' in its parameters cell",
+        "parameters: {colour: red}\n": "parameters: colour not declared by any notebook of the suite",
+        "paramaters: {}\n": "unknown top-level keys",
+        "parameters: {value: 0}\n": "01_first: value: expected a positive number, got 0 (value=0 from preset",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        path = tmp_path / f"bad{i}.yaml"
+        path.write_text(text)
+        with pytest.raises(RunError) as err:
+            run_suite(str(path), notebook_dir=nbs, out=tmp_path / "x")
+        assert message in str(err.value), (text, str(err.value))
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_notebook_without_a_config_is_refused_before_anything_runs(tiny_config, notebook, tmp_path):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    notebook.write(nbs / "01_plain.ipynb", notebook.ok, config=None)
+    notebook.write(nbs / "02_wrong.ipynb", notebook.ok, config="tiny_config:Nope")
+    notebook.write(nbs / "03_cell.ipynb", notebook.ok, params='preset = "x"  # p\nout_dir = "o"  # o\nvalue = 1  # v')
+    preset = tmp_path / "p.yaml"
+    preset.write_text("parameters: {value: 2}\n")
+    for only, message in (
+        ("01", "01_plain: the notebook names no parameter schema: set its metadata gdn_lab.config"),
+        ("02", "02_wrong: metadata gdn_lab.config: 'tiny_config:Nope' does not import"),
+        ("03", "03_cell: its parameters must be preset, out_dir and the fields of tiny_config:TinyConfig; missing"),
+    ):
+        with pytest.raises(RunError, match=message):
+            run_suite(str(preset), notebook_dir=nbs, only=[only], out=tmp_path / "x")
 
 
 def test_interrupted_run_keeps_what_finished(suite, tmp_path, monkeypatch):
     nbs, preset = suite
     calls = []
 
-    def fake(nb, out, log):
+    def fake(nb, out, log, result=None, kernel_dir=None):
         calls.append(nb.name)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return NotebookResult(nb.name, status="ok", duration_s=0.1, headline="done")
+        result.status, result.duration_s, result.headline = "ok", 0.1, "done"
+        return result
 
     monkeypatch.setattr(runner, "run_notebook", fake)
     out = tmp_path / "run"
@@ -162,17 +191,28 @@ def test_interrupted_run_keeps_what_finished(suite, tmp_path, monkeypatch):
         run_suite(str(preset), notebook_dir=nbs, out=out)
     summary = json.loads((out / "summary.json").read_text())
     assert [nb["status"] for nb in summary["notebooks"]] == ["ok", "interrupted", "not run"]
-    assert "done" in (out / "index.html").read_text()
+    assert summary["state"] == "interrupted"
+    index = (out / "index.html").read_text()
+    assert "done" in index and "INTERRUPTED" in index
 
 
 def test_every_preset_is_consistent_with_the_notebooks(tmp_path):
+    """Every preset resolves into every notebook's Config (GPU presets checked with device=cpu here)."""
     from gdn_lab.report import presets
 
     names = presets.available()
     assert {"cpu-smoke", "h200", "mi350x", "mi308x"} <= set(names)
     notebooks = runner.discover()
     for name in names:
-        plans = runner.plan(presets.load(name), notebooks, list(notebooks), {}, tmp_path)
-        assert [p.name for p in plans] == list(notebooks)
-        for p in plans:
-            assert p.parameters["preset"] == name and p.parameters["out_dir"] == str(tmp_path / p.name)
+        p = presets.load(name)
+        overrides = {} if p.parameters.get("device") == "cpu" else {"device": "cpu"}
+        plans = runner.plan(p, notebooks, list(notebooks), overrides, tmp_path)
+        assert [pl.name for pl in plans] == list(notebooks)
+        for pl in plans:
+            assert pl.parameters["preset"] == name and pl.parameters["out_dir"] == str(tmp_path / pl.name)
+            assert pl.parameters == {"preset": name, "out_dir": str(tmp_path / pl.name), **pl.config.plain()}
+
+
+def test_notebook_result_reads_older_summaries():
+    old = {"name": "x", "status": "ok", "duration_s": 1.0, "headline": "h", "parameters": {}, "files": {}, "gone": 1}
+    assert NotebookResult.from_dict(old).headline == "h"

@@ -38,7 +38,12 @@ def test_every_notebook_ran_and_the_index_says_so(run):
     data = json.loads((out / "summary.json").read_text())
     assert data["ok"] and data["preset"] == "cpu-smoke" and data["fingerprint"]["triton_interpret"] is True
     index = (out / "index.html").read_text()
+    assert "All 7 notebooks ran" in index or f"All {len(summary.notebooks)} notebooks ran" in index
     for nb in summary.notebooks:
+        ran = json.loads((out / nb.name / "config.json").read_text())
+        executed = json.loads((out / f"{nb.name}.ipynb").read_text())
+        injected = {"preset": ran["preset"], "out_dir": ran["out_dir"], **ran["parameters"]}
+        assert executed["metadata"]["papermill"]["parameters"] == injected == nb.parameters, nb.name
         assert nb.headline and nb.headline in html.unescape(index)
         page = (out / f"{nb.name}.html").read_text()
         assert "data:image/png;base64" in page, f"{nb.name}: its plots are embedded"

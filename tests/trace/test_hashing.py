@@ -73,11 +73,10 @@ def test_torch_path_matches_the_definition(dtype, shape):
 
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_triton_kernel_matches_the_torch_path(dtype):
-    # Under TRITON_INTERPRET=1 on the CPU; the compiled kernel on a GPU.
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+def test_triton_kernel_matches_the_torch_path(dtype, device):
+    # On the test device: the compiled kernel on a GPU, TRITON_INTERPRET=1 on the CPU.
     for shape, layout in (((9, 37), LAYOUT), ((3, 2100), Layout.per_request([1, 2, 3])), ((9,), LAYOUT)):
-        t = sample(dtype, shape).to(dev)
+        t = sample(dtype, shape).to(device)
         assert torch.equal(row_hashes(t, layout, impl="triton"), row_hashes(t, layout, impl="torch"))
         assert torch.equal(tensor_hash(t, impl="triton"), tensor_hash(t, impl="torch"))
 

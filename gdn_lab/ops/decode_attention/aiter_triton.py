@@ -32,6 +32,8 @@ def decode_attention_aiter_pa(
     q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale
 ) -> torch.Tensor:
     """decode_attention through AITER's Triton `paged_attention_decode` (V1 or V2, as its rule picks)."""
+    if q.shape[0] == 0:  # an empty batch: nothing to launch (AITER reads max(seq_lens))
+        return torch.empty_like(q)
     arch, cus = aiter.effective_arch(q.device), aiter.effective_num_cus(q.device)
     module = aiter.load("pa_decode", arch)
     out = torch.empty_like(q)
@@ -57,6 +59,8 @@ def decode_attention_aiter_unified(
     q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale
 ) -> torch.Tensor:
     """decode_attention through AITER's Triton `unified_attention` (2D or 3D, as its rule picks)."""
+    if q.shape[0] == 0:  # an empty batch: nothing to launch
+        return torch.empty_like(q)
     arch, cus = aiter.effective_arch(q.device), aiter.effective_num_cus(q.device)
     module = aiter.load("unified_attention", arch)
     out = torch.empty_like(q)

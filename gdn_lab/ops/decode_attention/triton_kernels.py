@@ -505,7 +505,7 @@ def splits_for_batch(batch: int, num_kv_heads: int, head_dim: int, max_seq_len: 
     128-thread programs per SM.
     """
     n_blocks = triton.cdiv(max_seq_len, fa2_block_n(head_dim))
-    return num_splits_heuristic(batch * num_kv_heads, 2 * num_sms, n_blocks)
+    return num_splits_heuristic(max(batch, 1) * num_kv_heads, 2 * num_sms, n_blocks)  # batch 0: an empty batch
 
 
 def decode_attention_splitk_by_batch(

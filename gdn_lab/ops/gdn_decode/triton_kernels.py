@@ -258,5 +258,5 @@ def gdn_decode_triton_ksplit_by_batch(
         [B, HV, V] in q's dtype.
     """
     B, HK, K = q.shape
-    k_split, _ = control_k_split(B, HK, v.shape[1], K, v.shape[2], q.dtype, arch)
+    k_split, _ = control_k_split(max(B, 1), HK, v.shape[1], K, v.shape[2], q.dtype, arch)  # B = 0: an empty batch
     return gdn_decode_triton(q, k, v, a, b, A_log, dt_bias, state, slots, scale, use_qk_l2norm, k_split=k_split)

@@ -83,5 +83,5 @@ def gdn_layer_prefill_torch(
         normalized[s:e] = gated_rmsnorm(o, z, norm_weight, eps).to(dtype)
     if not quantize_fp8:
         return normalized, None, None
-    quantized, scales = quantize_groups(normalized.reshape(T, -1), fp8_dtype, FP8_GROUP)
+    quantized, scales = quantize_groups(normalized.flatten(1), fp8_dtype, FP8_GROUP)  # flatten: T may be 0
     return normalized, quantized, scales

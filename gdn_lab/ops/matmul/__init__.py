@@ -31,7 +31,7 @@ def validate(x, w) -> dict[str, Any]:
     dims = checks.Dims()
     checks.check_tensor("x", x, "M K", dims, checks.FLOAT_DTYPES)
     checks.check_tensor("w", w, "K N", dims, (x.dtype,), x.device)
-    for label in ("M", "K", "N"):
+    for label in ("K", "N"):  # M = 0 is an empty batch: an empty result
         if dims[label] == 0:
             raise ValueError(f"{label}: must be > 0 ({dims.where(label)})")
     return {"x": x, "w": w}

@@ -138,7 +138,7 @@ def matmul_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def splitk_for_batch(m: int, n: int, k: int, cfg: MatmulConfig, num_sms: int) -> int:
     """The control's K slices: split while the output tiles fill fewer than all SMs."""
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    tiles = max(1, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))  # M = 0: an empty batch
     return max(1, min(triton.cdiv(k, cfg.block_k), num_sms // tiles))
 
 

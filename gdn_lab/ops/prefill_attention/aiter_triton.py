@@ -20,6 +20,8 @@ def prefill_attention_aiter_mha(
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, seq_lens, page_size, causal, scale, k_scale, v_scale
 ) -> torch.Tensor:
     """prefill_attention through AITER's Triton `flash_attn_varlen_func` (forward only)."""
+    if q.shape[0] == 0:  # no new tokens: nothing to launch (the max lengths below need a request)
+        return torch.empty_like(q)
     arch, cus = aiter.effective_arch(q.device), aiter.effective_num_cus(q.device)
     module = aiter.load("mha", arch)
     new_tokens = qo_indptr[1:] - qo_indptr[:-1]

@@ -30,7 +30,7 @@ def validate(x, weight, eps: float = 1e-6) -> dict[str, Any]:
     dims = checks.Dims()
     checks.check_tensor("x", x, "M N", dims, checks.FLOAT_DTYPES)
     checks.check_tensor("weight", weight, "N", dims, checks.FLOAT_DTYPES, x.device)
-    for label in ("M", "N"):
+    for label in ("N",):  # M = 0 is an empty batch: an empty result
         if dims[label] == 0:
             raise ValueError(f"{label}: must be > 0 ({dims.where(label)})")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:

@@ -90,7 +90,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 def row_splits_for_batch(m: int, n: int, num_sms: int) -> int:
     """The control's slices per row: split while the rows fill fewer than 4 programs per SM."""
-    return max(1, min(triton.cdiv(n, row_block(n)), 4 * num_sms // m))
+    return max(1, min(triton.cdiv(n, row_block(n)), 4 * num_sms // max(m, 1)))  # m = 0: an empty batch
 
 
 def rms_norm_splitk_by_batch(

@@ -1,6 +1,6 @@
 """gdn_decode's Triton kernel: against the torch reference, bitwise batch invariance, and its controls.
 
-Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py), tiny shapes.
+On the test device (tests/conftest.py: a GPU, or the CPU under TRITON_INTERPRET=1), tiny shapes.
 """
 
 import subprocess
@@ -32,8 +32,8 @@ OUT_TOL = {
 }
 
 
-def make_case(B, hk, hv, kd, vd, dtype=torch.float32, seed=0, pad=(), l2norm=True, extra_slots=2):
-    """Raw gdn_decode inputs: distinct shuffled slots in a pool with spare NaN slots; rows in `pad` padded."""
+def make_case(B, hk, hv, kd, vd, dtype=torch.float32, seed=0, pad=(), l2norm=True, extra_slots=2, device="cpu"):
+    """Raw gdn_decode inputs on `device`: distinct shuffled slots in a pool with spare NaN slots; rows in `pad` padded."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     q, k = r(B, hk, kd), r(B, hk, kd)
@@ -48,7 +48,7 @@ def make_case(B, hk, hv, kd, vd, dtype=torch.float32, seed=0, pad=(), l2norm=Tru
             state[s] = float("nan")  # a kernel that reads a slot it does not own shows it
     for i in pad:
         slots[i] = -1 - i
-    return {
+    case = {
         "q": q.to(dtype),
         "k": k.to(dtype),
         "v": r(B, hv, vd).to(dtype),
@@ -60,6 +60,7 @@ def make_case(B, hk, hv, kd, vd, dtype=torch.float32, seed=0, pad=(), l2norm=Tru
         "slots": slots,
         "use_qk_l2norm": l2norm,
     }
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case.items()}
 
 
 def copy(case):
@@ -93,9 +94,9 @@ def same_bits(x, y):
 
 
 @pytest.mark.parametrize("hk, hv, kd, vd, dtype, l2norm", CASES)
-def test_matches_reference_over_steps(hk, hv, kd, vd, dtype, l2norm):
+def test_matches_reference_over_steps(hk, hv, kd, vd, dtype, l2norm, device):
     """Two steps with a padded row: output and the whole pool against the torch reference."""
-    case = make_case(3, hk, hv, kd, vd, dtype, seed=hk * 100 + kd, pad=(1,), l2norm=l2norm)
+    case = make_case(3, hk, hv, kd, vd, dtype, seed=hk * 100 + kd, pad=(1,), l2norm=l2norm, device=device)
     ours, ref = copy(case), copy(case)
     for step in range(2):
         if step:
@@ -109,8 +110,8 @@ def test_matches_reference_over_steps(hk, hv, kd, vd, dtype, l2norm):
         assert_close_nan(ours["state"], ref["state"], **STATE_TOL)
 
 
-def test_padded_slot_state_untouched():
-    case = make_case(2, 2, 4, 32, 32, pad=(0,))
+def test_padded_slot_state_untouched(device):
+    case = make_case(2, 2, 4, 32, 32, pad=(0,), device=device)
     before = case["state"].clone()
     x = copy(case)
     gdn_decode(**x, backend="triton")
@@ -119,14 +120,14 @@ def test_padded_slot_state_untouched():
     assert torch.equal(x["state"][others].nan_to_num(7.0), before[others].nan_to_num(7.0))
 
 
-def alone_and_batched(fn, B, pos, hk=2, hv=4, d=32, seed=3):
+def alone_and_batched(fn, B, pos, device, hk=2, hv=4, d=32, seed=3):
     """The target request alone (its slot 0 of a 1-slot pool) and at `pos` of a B-batch (slot B).
 
     Returns ((out alone, state alone), (out batched, state batched)) for the target.
     """
-    t = make_case(1, hk, hv, d, d, seed=seed, extra_slots=0)
+    t = make_case(1, hk, hv, d, d, seed=seed, extra_slots=0, device=device)
     t["slots"][0] = 0
-    batch = make_case(B, hk, hv, d, d, seed=seed + B, extra_slots=1)
+    batch = make_case(B, hk, hv, d, d, seed=seed + B, extra_slots=1, device=device)
     for key in ("q", "k", "v", "a", "b"):
         batch[key][pos] = t[key][0]
     batch["A_log"], batch["dt_bias"] = t["A_log"], t["dt_bias"]
@@ -149,22 +150,22 @@ def run_wrapper(**cfg):
 
 
 @pytest.mark.parametrize("B, pos", [(2, 1), (5, 0), (9, 4)])
-def test_triton_bitwise_invariant(B, pos):
+def test_triton_bitwise_invariant(B, pos, device):
     """The `triton` backend: the target's output and state alone == inside any batch, bit for bit."""
-    (o1, s1), (o2, s2) = alone_and_batched(run_backend("triton"), B, pos)
+    (o1, s1), (o2, s2) = alone_and_batched(run_backend("triton"), B, pos, device)
     assert torch.equal(o1, o2) and torch.equal(s1, s2)
 
 
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8, 16, 32])
-def test_each_fixed_k_split_bitwise_invariant(k_split):
-    (o1, s1), (o2, s2) = alone_and_batched(run_wrapper(k_split=k_split), 6, 2)
+def test_each_fixed_k_split_bitwise_invariant(k_split, device):
+    (o1, s1), (o2, s2) = alone_and_batched(run_wrapper(k_split=k_split), 6, 2, device)
     assert torch.equal(o1, o2) and torch.equal(s1, s2)
 
 
-def test_k_split_changes_bits():
+def test_k_split_changes_bits(device):
     """Known-variant check: another split of the K reductions gives other bits on the same inputs
     (each compared with the default 8; the order, not the math, differs, so values stay close)."""
-    case = make_case(4, 2, 4, 32, 32, seed=11)
+    case = make_case(4, 2, 4, 32, 32, seed=11, device=device)
     base_args = decode.validate(**copy(case))
     base = gdn_decode_triton(**base_args)
     for k_split in (4, 16):
@@ -174,31 +175,31 @@ def test_k_split_changes_bits():
         torch.testing.assert_close(out, base, atol=1e-5, rtol=1e-5)
 
 
-def test_control_differs_alone_vs_batched():
+def test_control_differs_alone_vs_batched(device):
     """The control picks k_split from the batch: a batch size whose split differs from B=1's
     changes the target's bits; one whose split is the same does not (it is the same kernel)."""
     ks1 = control_k_split(1, 2, 4, 32, 32, torch.float32)[0]
     splits = {B: control_k_split(B, 2, 4, 32, 32, torch.float32)[0] for B in range(2, 40)}
     differ = next(B for B, ks in splits.items() if ks != ks1)
     same = next(B for B, ks in splits.items() if ks == ks1)
-    (o1, s1), (o2, s2) = alone_and_batched(run_backend("triton-ksplit-by-batch"), differ, differ // 2)
+    (o1, s1), (o2, s2) = alone_and_batched(run_backend("triton-ksplit-by-batch"), differ, differ // 2, device)
     assert not (torch.equal(o1, o2) and torch.equal(s1, s2)), f"k_split {ks1} alone vs {splits[differ]} at B={differ}"
-    (o1, s1), (o2, s2) = alone_and_batched(run_backend("triton-ksplit-by-batch"), same, 0)
+    (o1, s1), (o2, s2) = alone_and_batched(run_backend("triton-ksplit-by-batch"), same, 0, device)
     assert torch.equal(o1, o2) and torch.equal(s1, s2)
 
 
-def test_control_follows_the_emulated_arch():
+def test_control_follows_the_emulated_arch(device):
     """gfx942's table picks other splits than gfx950's for some batch: the arch is a parameter."""
     picks = {arch: [control_k_split(B, 4, 8, 128, 128, torch.bfloat16, arch)[0] for B in range(1, 65)] for arch in ("gfx942", "gfx950")}  # fmt: skip
     assert picks["gfx942"] != picks["gfx950"]
-    case = decode.validate(**make_case(1, 2, 4, 32, 32))
+    case = decode.validate(**make_case(1, 2, 4, 32, 32, device=device))
     with pytest.raises(ValueError, match="arch"):
         gdn_decode_triton_ksplit_by_batch(**case, arch="gfx90a")
 
 
-def test_default_k_split_is_fixed():
+def test_default_k_split_is_fixed(device):
     assert DEFAULT_K_SPLIT == 8
-    x = make_case(3, 2, 4, 32, 32, seed=5)
+    x = make_case(3, 2, 4, 32, 32, seed=5, device=device)
     a, b = copy(x), copy(x)
     o_default = gdn_decode_triton(**decode.validate(**a))
     o_eight = gdn_decode_triton(**decode.validate(**b), k_split=8)
@@ -215,14 +216,14 @@ def test_default_k_split_is_fixed():
         ({"num_warps": 3}, "num_warps"),
     ],
 )
-def test_bad_config(cfg, match):
-    args = decode.validate(**make_case(1, 2, 4, 32, 32))
+def test_bad_config(cfg, match, device):
+    args = decode.validate(**make_case(1, 2, 4, 32, 32, device=device))
     with pytest.raises(ValueError, match=match):
         gdn_decode_triton(**args, **cfg)
 
 
-def test_routing_and_coverage():
-    args = decode.validate(**make_case(2, 2, 4, 32, 32))
+def test_routing_and_coverage(device):
+    args = decode.validate(**make_case(2, 2, 4, 32, 32, device=device))
     assert routing.route("gdn_decode", args).name == "triton"
     control = routing.get("gdn_decode", "triton-ksplit-by-batch")
     assert control.variant_control and not control.auto
@@ -235,8 +236,8 @@ def test_routing_and_coverage():
         gdn_decode_triton(**strided)
 
 
-def test_zero_batch():
-    x = make_case(1, 2, 4, 32, 32)
+def test_zero_batch(device):
+    x = make_case(1, 2, 4, 32, 32, device=device)
     x = {k: (v[:0] if k in ("q", "k", "v", "a", "b", "slots") else v) for k, v in x.items()}
     assert gdn_decode(**x, backend="triton").shape == (0, 4, 32)
 
@@ -250,24 +251,24 @@ def test_registration_imports_no_kernel_module():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_validation_memo_still_rejects():
+def test_validation_memo_still_rejects(device):
     """Accepted signatures skip the shape checks; a new bad signature and bad slot values still fail."""
-    x = make_case(2, 2, 4, 32, 32)
+    x = make_case(2, 2, 4, 32, 32, device=device)
     decode.validate(**x)
     with pytest.raises(ValueError, match="k: dtype"):
         decode.validate(**dict(x, k=x["k"].half()))
     with pytest.raises(ValueError, match="use_qk_l2norm"):
         decode.validate(**dict(x, use_qk_l2norm=1))
     with pytest.raises(ValueError, match="slots"):
-        decode.validate(**dict(x, slots=torch.tensor([0, 99], dtype=torch.int32)))
+        decode.validate(**dict(x, slots=torch.tensor([0, 99], dtype=torch.int32, device=device)))
     with pytest.raises(ValueError, match="distinct"):
-        decode.validate(**dict(x, slots=torch.tensor([1, 1], dtype=torch.int32)))
-    decode.validate(**dict(x, slots=torch.tensor([1, 1], dtype=torch.int32)), check_indices=False)
+        decode.validate(**dict(x, slots=torch.tensor([1, 1], dtype=torch.int32, device=device)))
+    decode.validate(**dict(x, slots=torch.tensor([1, 1], dtype=torch.int32, device=device)), check_indices=False)
 
 
-def test_reference_is_independent_of_the_kernel():
+def test_reference_is_independent_of_the_kernel(device):
     """Sanity of the oracle: the reference's step equals a direct formula on one row."""
-    x = make_case(1, 1, 2, 16, 16, seed=9)
+    x = make_case(1, 1, 2, 16, 16, seed=9, device=device)
     ref = copy(x)
     o = gdn_decode(**ref, backend="torch")
     slot = int(x["slots"][0])

@@ -1,7 +1,7 @@
 """gdn_layer_prefill `triton-fused` and its control `triton-fused-tiles-by-batch`: against the unfused torch
 chain, bitwise alone vs batched (outputs, fp8, conv and delta states), and the control caught varying.
 
-Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py), on tiny shapes.
+On the test device (tests/conftest.py: a GPU, or the CPU under TRITON_INTERPRET=1), on tiny shapes.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdn_lab.device import detect, fp8_dtypes_for
 from gdn_lab.ops import spec
 from gdn_lab.quant import quantize_groups
 from gdn_lab.routing import decide, get
@@ -29,8 +30,8 @@ def sequence(seed: int, length: int, hk: int, hv: int, d: int, dtype: torch.dtyp
     return qkvz.to(dtype), ba.to(dtype), conv.to(dtype), delta
 
 
-def layer_args(seeds, lengths, slots, has_init, *, hk=2, hv=4, d=32, dtype=torch.float32, bias=True, **kw):
-    """Validated gdn_layer_prefill arguments: sequences in order, states at `slots` of NaN-padded pools."""
+def layer_args(seeds, lengths, slots, has_init, device, *, hk=2, hv=4, d=32, dtype=torch.float32, bias=True, **kw):
+    """Validated gdn_layer_prefill arguments on `device`: sequences in order, states at `slots` of NaN-padded pools."""
     seqs = [sequence(s, n, hk, hv, d, dtype) for s, n in zip(seeds, lengths)]
     g = torch.Generator().manual_seed(4321)
     conv_dim = 2 * hk * d + hv * d
@@ -45,11 +46,14 @@ def layer_args(seeds, lengths, slots, has_init, *, hk=2, hv=4, d=32, dtype=torch
         if slot >= 0:
             conv_state[slot], delta_state[slot] = seq[2], seq[3]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    return layer_prefill.validate(
+    tensors = [
         torch.cat([s[0] for s in seqs]), torch.cat([s[1] for s in seqs]), conv_state, delta_state,
         torch.tensor(slots, dtype=torch.int32), cu, torch.tensor(has_init), weight, conv_bias,
-        A_log, dt_bias, norm_weight, num_k_heads=hk, num_v_heads=hv, head_dim=d, **kw,
-    )  # fmt: skip
+        A_log, dt_bias, norm_weight,
+    ]  # fmt: skip
+    return layer_prefill.validate(
+        *(t.to(device) if t is not None else None for t in tensors), num_k_heads=hk, num_v_heads=hv, head_dim=d, **kw
+    )
 
 
 def run(backend: str, args: dict):
@@ -83,13 +87,16 @@ CASES = [
 
 
 @pytest.mark.parametrize("hk,hv,d,lengths,slots,has_init,quantize,fp8,bias", CASES)
-def test_fp32_matches_the_unfused_chain(hk, hv, d, lengths, slots, has_init, quantize, fp8, bias):
+def test_fp32_matches_the_unfused_chain(hk, hv, d, lengths, slots, has_init, quantize, fp8, bias, device):
     """fp32 end to end: normalized output and delta state within atol 1e-5 / rtol 1e-4, conv state exact."""
+    if fp8 is not None and fp8 not in fp8_dtypes_for(detect(device).arch):
+        pytest.skip(f"{fp8} is not an fp8 format of {detect(device).arch}")
     args = layer_args(
         range(len(lengths)),
         lengths,
         slots,
         has_init,
+        device,
         hk=hk,
         hv=hv,
         d=d,
@@ -114,9 +121,9 @@ def test_fp32_matches_the_unfused_chain(hk, hv, d, lengths, slots, has_init, qua
             assert norm[cu[i] : cu[i + 1]].eq(0).all()
 
 
-def test_bf16_close_to_the_unfused_chain():
+def test_bf16_close_to_the_unfused_chain(device):
     """bf16 activations, fp8 on: relMAE <= 1e-2 (TF32 dots on a GPU); conv state exact; fp8 exact of our output."""
-    args = layer_args([3, 4], [9, 70], [1, 0], [True, False], dtype=torch.bfloat16, quantize_fp8=True)
+    args = layer_args([3, 4], [9, 70], [1, 0], [True, False], device, dtype=torch.bfloat16, quantize_fp8=True)
     fp8 = args["fp8_dtype"]
     (norm, quant, scales), conv, delta = run("triton-fused", args)
     (ref_norm, _, ref_scales), ref_conv, ref_delta = run("torch", args)
@@ -134,46 +141,48 @@ BATCHES = [  # (seeds, lengths, slots, has_initial_state, target position)
 ]
 
 
-def target_view(backend, seeds, lengths, slots, has_init, position):
+def target_view(backend, seeds, lengths, slots, has_init, position, device):
     """The target's normalized, fp8 and scale rows and its conv and delta state slots."""
-    args = layer_args(seeds, lengths, slots, has_init, hk=1, hv=2, d=64, dtype=torch.bfloat16, quantize_fp8=True)
+    args = layer_args(
+        seeds, lengths, slots, has_init, device, hk=1, hv=2, d=64, dtype=torch.bfloat16, quantize_fp8=True
+    )
     (norm, quant, scales), conv, delta = run(backend, args)
     cu, slot = args["cu_seqlens"].tolist(), slots[position]
     rows = slice(cu[position], cu[position + 1])
     return norm[rows], quant[rows].view(torch.uint8), scales[rows], conv[slot], delta[slot]
 
 
-def test_bitwise_alone_vs_batched():
+def test_bitwise_alone_vs_batched(device):
     """The target's outputs, fp8, scales and final conv and delta states are bitwise the same in any batch."""
-    alone = target_view("triton-fused", [TARGET_SEED], [TARGET_LEN], [0], [True], 0)
+    alone = target_view("triton-fused", [TARGET_SEED], [TARGET_LEN], [0], [True], 0, device)
     for seeds, lengths, slots, has_init, pos in BATCHES:
-        batched = target_view("triton-fused", seeds, lengths, slots, has_init, pos)
+        batched = target_view("triton-fused", seeds, lengths, slots, has_init, pos, device)
         for a, b in zip(alone, batched):
             assert torch.equal(a, b)
 
 
-def test_control_varies_with_the_batch():
+def test_control_varies_with_the_batch(device):
     """`triton-fused-tiles-by-batch` chunks by 64 alone and by 32 in a batch of 5: the target's bits change.
 
     Alone it is the same computation as `triton-fused`; batched it stays close.
     """
     seeds, lengths, slots, has_init, pos = BATCHES[1]
-    alone = target_view("triton-fused-tiles-by-batch", [TARGET_SEED], [TARGET_LEN], [0], [True], 0)
-    fixed = target_view("triton-fused", [TARGET_SEED], [TARGET_LEN], [0], [True], 0)
+    alone = target_view("triton-fused-tiles-by-batch", [TARGET_SEED], [TARGET_LEN], [0], [True], 0, device)
+    fixed = target_view("triton-fused", [TARGET_SEED], [TARGET_LEN], [0], [True], 0, device)
     assert all(torch.equal(a, b) for a, b in zip(alone, fixed))
-    norm, _, _, conv, delta = target_view("triton-fused-tiles-by-batch", seeds, lengths, slots, has_init, pos)
+    norm, _, _, conv, delta = target_view("triton-fused-tiles-by-batch", seeds, lengths, slots, has_init, pos, device)
     assert not torch.equal(delta, alone[4])
     assert torch.equal(conv, alone[3])  # the conv history is a copy of inputs, whatever the chunking
     assert rel_mae(norm, alone[0]) <= 1e-2 and rel_mae(delta, alone[4]) <= 1e-2
 
 
-def test_coverage_reasons():
+def test_coverage_reasons(device):
     """A conv state that cannot hold the inputs exactly, or a non-power-of-two head, is refused with a reason."""
-    args = layer_args([0], [3], [0], [True])
+    args = layer_args([0], [3], [0], [True], device)
     args["conv_state"] = args["conv_state"].to(torch.bfloat16)
     d = decide(OP, args, "triton-fused")
     assert d.backend is None and "hold them exactly" in d.reason
-    d = decide(OP, layer_args([0], [3], [0], [True], d=24), "triton-fused")
+    d = decide(OP, layer_args([0], [3], [0], [True], device, d=24), "triton-fused")
     assert d.backend is None and "powers of two" in d.reason
 
 

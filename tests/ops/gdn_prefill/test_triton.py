@@ -1,7 +1,7 @@
 """gdn_prefill `triton` (chunked) and its control `triton-chunk-by-batch`: against the torch references,
 bitwise alone vs batched, and the control caught varying with the batch.
 
-Runs under TRITON_INTERPRET=1 on the CPU (tests/conftest.py), on tiny shapes.
+On the test device (tests/conftest.py: a GPU, or the CPU under TRITON_INTERPRET=1), on tiny shapes.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def sequence(seed: int, length: int, hk: int, hv: int, d: int, dtype: torch.dtyp
     return [x.to(dtype) for x in (q, k, v, a, b)] + [h0]
 
 
-def batch_args(seeds, lengths, slots, *, hk=2, hv=4, d=32, dtype=torch.float32, spare=2, unit_k=False, **kw):
-    """Validated gdn_prefill arguments: sequences in order, states at `slots` of a NaN-padded pool."""
+def batch_args(seeds, lengths, slots, device, *, hk=2, hv=4, d=32, dtype=torch.float32, spare=2, unit_k=False, **kw):
+    """Validated gdn_prefill arguments on `device`: sequences in order, states at `slots` of a NaN-padded pool."""
     seqs = [sequence(s, n, hk, hv, d, dtype, unit_k) for s, n in zip(seeds, lengths)]
     g = torch.Generator().manual_seed(1234)
     A_log, dt_bias = torch.randn(hv, generator=g), torch.randn(hv, generator=g)
@@ -40,7 +40,8 @@ def batch_args(seeds, lengths, slots, *, hk=2, hv=4, d=32, dtype=torch.float32, 
             state[slot] = seq[5]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     cat = [torch.cat([s[i] for s in seqs]) for i in range(5)]
-    return prefill.validate(*cat, A_log, dt_bias, cu, state, torch.tensor(slots, dtype=torch.int32), **kw)
+    tensors = [*cat, A_log, dt_bias, cu, state, torch.tensor(slots, dtype=torch.int32)]
+    return prefill.validate(*(t.to(device) for t in tensors), **kw)
 
 
 def run(backend: str, args: dict):
@@ -61,9 +62,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("hk,hv,d,lengths,slots,l2norm", CASES)
-def test_fp32_matches_the_references(hk, hv, d, lengths, slots, l2norm):
+def test_fp32_matches_the_references(hk, hv, d, lengths, slots, l2norm, device):
     """fp32 end to end: within atol 1e-5 / rtol 1e-4 of the token-by-token definition and of the chunked reference."""
-    args = batch_args(range(len(lengths)), lengths, slots, hk=hk, hv=hv, d=d, unit_k=not l2norm, use_qk_l2norm=l2norm)
+    args = batch_args(
+        range(len(lengths)), lengths, slots, device, hk=hk, hv=hv, d=d, unit_k=not l2norm, use_qk_l2norm=l2norm
+    )
     out, state = run("triton", args)
     for ref_backend in ("torch-recurrent", "torch"):
         ref_out, ref_state = run(ref_backend, args)
@@ -77,9 +80,9 @@ def test_fp32_matches_the_references(hk, hv, d, lengths, slots, l2norm):
     assert state[unowned].isnan().all()  # slots nobody owns stay untouched
 
 
-def test_bf16_close_to_the_reference():
+def test_bf16_close_to_the_reference(device):
     """bf16 inputs and output, fp32 state: relMAE <= 1e-2 (TF32 dots on a GPU), exact-rounded output dtype."""
-    args = batch_args([7, 8], [5, 70], [1, 0], dtype=torch.bfloat16)
+    args = batch_args([7, 8], [5, 70], [1, 0], device, dtype=torch.bfloat16)
     out, state = run("triton", args)
     ref_out, ref_state = run("torch", args)
     assert out.dtype == torch.bfloat16
@@ -87,8 +90,8 @@ def test_bf16_close_to_the_reference():
     assert rel_mae(state[:2], ref_state[:2]) <= 1e-2
 
 
-def target_rows_and_state(backend, seeds, lengths, slots, position):
-    args = batch_args(seeds, lengths, slots, hk=1, hv=2, d=16, dtype=torch.bfloat16)
+def target_rows_and_state(backend, seeds, lengths, slots, position, device):
+    args = batch_args(seeds, lengths, slots, device, hk=1, hv=2, d=16, dtype=torch.bfloat16)
     out, state = run(backend, args)
     cu = args["cu_seqlens"].tolist()
     return out[cu[position] : cu[position + 1]], state[slots[position]]
@@ -101,35 +104,35 @@ BATCHES = [  # (seeds, lengths, slots, target position): the target among batchm
 ]
 
 
-def test_bitwise_alone_vs_batched():
+def test_bitwise_alone_vs_batched(device):
     """The target's output rows and final state are bitwise the same alone and in any batch."""
-    alone_out, alone_state = target_rows_and_state("triton", [TARGET_SEED], [TARGET_LEN], [0], 0)
+    alone_out, alone_state = target_rows_and_state("triton", [TARGET_SEED], [TARGET_LEN], [0], 0, device)
     for seeds, lengths, slots, pos in BATCHES:
-        out, state = target_rows_and_state("triton", seeds, lengths, slots, pos)
+        out, state = target_rows_and_state("triton", seeds, lengths, slots, pos, device)
         assert torch.equal(out, alone_out)
         assert torch.equal(state, alone_state)
 
 
-def test_control_varies_with_the_batch():
+def test_control_varies_with_the_batch(device):
     """`triton-chunk-by-batch` chunks by 64 alone and by 32 in a batch of 5: the target's bits change.
 
     Alone it is the same computation as `triton` (chunk 64), and batched it stays close to the reference.
     """
     seeds, lengths, slots, pos = BATCHES[1]
-    alone_out, alone_state = target_rows_and_state("triton-chunk-by-batch", [TARGET_SEED], [TARGET_LEN], [0], 0)
-    fixed_out, fixed_state = target_rows_and_state("triton", [TARGET_SEED], [TARGET_LEN], [0], 0)
+    alone_out, alone_state = target_rows_and_state("triton-chunk-by-batch", [TARGET_SEED], [TARGET_LEN], [0], 0, device)
+    fixed_out, fixed_state = target_rows_and_state("triton", [TARGET_SEED], [TARGET_LEN], [0], 0, device)
     assert torch.equal(alone_out, fixed_out) and torch.equal(alone_state, fixed_state)
-    out, state = target_rows_and_state("triton-chunk-by-batch", seeds, lengths, slots, pos)
+    out, state = target_rows_and_state("triton-chunk-by-batch", seeds, lengths, slots, pos, device)
     assert not torch.equal(state, alone_state)
     assert rel_mae(out, alone_out) <= 1e-2 and rel_mae(state, alone_state) <= 1e-2
 
 
-def test_coverage_reasons():
+def test_coverage_reasons(device):
     """Shapes and layouts the kernels do not take are refused with a reason, before any launch."""
-    args = batch_args([0], [3], [0], d=24)
+    args = batch_args([0], [3], [0], device, d=24)
     d = decide(OP, args, "triton")
     assert d.backend is None and "powers of two" in d.reason
-    args = batch_args([0], [3], [0])
+    args = batch_args([0], [3], [0], device)
     args["state"] = args["state"].transpose(2, 3)
     d = decide(OP, args, "triton")
     assert d.backend is None and "contiguous" in d.reason

@@ -110,10 +110,10 @@ def test_controls_are_registered_as_controls():
     [
         (torch.randn(2, 8), torch.randn(8, 3, dtype=torch.float64), "w: dtype"),
         (torch.randn(2, 8), torch.randn(7, 3), "w: expected shape"),
-        (torch.randn(0, 8), torch.randn(8, 3), "M: must be > 0"),
+        (torch.randn(2, 0), torch.randn(0, 3), "K: must be > 0"),
         (torch.randn(2, 8, 1), torch.randn(8, 3), "x: expected 2 dims"),
     ],
-    ids=["w-dtype", "K-mismatch", "empty-M", "x-rank"],
+    ids=["w-dtype", "K-mismatch", "empty-K", "x-rank"],
 )
 def test_bad_input(x, w, match):
     with pytest.raises(ValueError, match=match):
@@ -147,3 +147,9 @@ def test_triton_rows_do_not_depend_on_their_tile_offset(device, monkeypatch):
         monkeypatch.setattr(triton_kernels, "interpreting", lambda: False)
         outs = _packed_outputs(run, target, w, g)
         assert any(not torch.equal(out, run(target, w)) for out in outs.values())
+
+
+def test_an_empty_batch_is_an_empty_result(device):
+    """M = 0 rows is a batch with no request in it (tests/ops/test_empty_batch.py runs every backend)."""
+    out = matmul(torch.randn(0, 8, device=device), torch.randn(8, 3, device=device), backend="triton")
+    assert out.shape == (0, 3)

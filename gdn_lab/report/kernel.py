@@ -1,0 +1,84 @@
+"""The Jupyter kernel the suite's notebooks run in: this interpreter, encrypted, quiet, cleaned up.
+
+- `kernelspec(dir, env)` writes a `python3` kernelspec that runs this interpreter with the given
+  environment (PYTHONPATH so the kernel imports the runner's gdn_lab; TRITON_INTERPRET fixed
+  per notebook by its device), so papermill never picks another Python's `python3` and the runner
+  never has to change its own environment.
+- `SuiteKernelManager` is the kernel manager papermill gets (`kernel_manager_class`):
+  - it provisions CurveZMQ keys (`transport_encryption`), so the kernel's channels are encrypted
+    and ipykernel no longer warns "Kernel is running over TCP without encryption" on every start;
+  - it does not interrupt a kernel it is shutting down: jupyter_client sends SIGINT before every
+    shutdown request, and when that signal lands while ipykernel is still inside a message handler
+    (the last cell's reply), the kernel logs "KeyboardInterrupt caught in kernel" after a notebook
+    that finished normally;
+  - it keeps a registry of live kernels, so an interrupted run (Ctrl-C) stops its kernel
+    (`kill_live_kernels`) instead of leaving it to notice its parent is gone.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import zmq
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import default
+
+from gdn_lab.report.io import atomic_write_json
+
+KERNEL_NAME = "python3"
+ENCRYPTED = zmq.has("curve")
+_live: weakref.WeakSet[SuiteKernelManager] = weakref.WeakSet()
+
+
+def kernelspec(folder: Path, env: Mapping[str, str]) -> Path:
+    """Write `<folder>/kernels/python3/kernel.json` for this interpreter; returns the kernelspec folder."""
+    spec = folder / "kernels" / KERNEL_NAME
+    spec.mkdir(parents=True, exist_ok=True)
+    metadata: dict[str, Any] = {"debugger": False}
+    if ENCRYPTED:
+        metadata["supported_encryption"] = ["curve"]
+    atomic_write_json(
+        spec / "kernel.json",
+        {
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": f"Python 3 ({sys.executable})",
+            "language": "python",
+            "env": dict(env),
+            "metadata": metadata,
+        },
+    )
+    return spec
+
+
+class SuiteKernelManager(AsyncKernelManager):
+    """papermill's kernel manager for the suite (see the module docstring)."""
+
+    @default("transport_encryption")
+    def _encrypted_by_default(self) -> str:
+        return "required" if ENCRYPTED else "disabled"
+
+    async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
+        await super().start_kernel(**kw)
+        _live.add(self)
+
+    async def _async_interrupt_kernel(self) -> None:
+        if self.shutting_down:  # every cell has run; a SIGINT now can only produce a spurious error log
+            return
+        await super()._async_interrupt_kernel()
+
+
+def kill_live_kernels() -> int:
+    """Kill the kernel processes this process started and has not shut down (after Ctrl-C); returns how many."""
+    killed = 0
+    for km in list(_live):
+        process = getattr(km.provisioner, "process", None) if km.provisioner is not None else None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+            killed += 1
+    _live.clear()
+    return killed
