@@ -16,7 +16,8 @@ DebugMode with log_tensor_hashes("hash_tensor"), the comparison point; skipped w
 this torch lacks it). Everything runs eager, without CUDA graphs (hooks are host code): CUDA events
 around each forward, the median of --reps after --warmup. A hooked repetition includes entering
 and leaving `record`; reading the trace (its one device-to-host copy) is `finalize_ms`, measured
-once. Targets (ratio_vs_plain, judged on CUDA only): <= 1.5 at modules, <= 3 at ops. Every row
+once; n_tensors counts the tensors hashed, n_read those read from memory (a tensor several calls
+see unchanged is read once). Targets (ratio_vs_plain, judged on CUDA only): <= 1.5 at modules, <= 3 at ops. Every row
 carries the environment fingerprint (`env_*`). Run from the repository root:
 
     python3 benchmarks/bench_trace.py --out OUT_DIR              # the H200 run (a few minutes)
@@ -42,7 +43,7 @@ from bench_common import sync, time_eager_interleaved, write_csv  # noqa: E402  
 CSV_NAME = "bench_trace.csv"
 COLUMNS = [
     "model", "mode", "hash_impl", "batch", "tokens_per_request", "tokens", "status", "reason", "ms", "ms_min",
-    "ms_max", "reps", "ratio_vs_plain", "target_ratio", "meets_target", "n_entries", "n_tensors", "finalize_ms",
+    "ms_max", "reps", "ratio_vs_plain", "target_ratio", "meets_target", "n_entries", "n_tensors", "n_read", "finalize_ms",
     "dtype", "note",
 ]  # fmt: skip
 MODELS = ("lab", "hf")
@@ -186,7 +187,8 @@ def read_trace(trace, device: torch.device) -> dict[str, Any]:
     sync(device)
     t0 = time.perf_counter()
     n_entries = len(trace.entries)
-    return {"n_entries": n_entries, "finalize_ms": (time.perf_counter() - t0) * 1e3, "n_tensors": trace.n_tensors}
+    ms = (time.perf_counter() - t0) * 1e3
+    return {"n_entries": n_entries, "finalize_ms": ms, "n_tensors": trace.n_tensors, "n_read": trace.n_read}
 
 
 def main(argv: list[str] | None = None) -> int:

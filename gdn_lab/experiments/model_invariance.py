@@ -55,8 +55,8 @@ from __future__ import annotations
 import contextlib
 import re
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -970,14 +970,6 @@ class NotebookConfig(ExperimentConfig):
             )
         self.experiment()  # every field of both runs checked now, before anything runs
         self.real_experiment()
-
-    @classmethod
-    def from_parameters(cls, p: Any) -> NotebookConfig:
-        """From the notebook's resolved parameters (`setup(...)`'s namespace or a mapping): the
-        fields it declares, those left None taking the defaults; other keys are ignored."""
-        values = p if isinstance(p, Mapping) else vars(p)
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
     def experiment(self) -> Config:
         """The lab-model run."""

@@ -137,7 +137,7 @@ def contributions(rows: torch.Tensor, salt: int | torch.Tensor, pos: torch.Tenso
 
 def _rows_of(t: torch.Tensor, impl: str) -> tuple[torch.Tensor, int]:
     words, salt = _rows_view(t)
-    rows = torch.empty(words.shape[0], dtype=torch.int64, device=t.device)
+    rows = torch.zeros(words.shape[0], dtype=torch.int64, device=t.device)  # zeros: the kernel may add
     if words.shape[0]:
         row_values(words, impl, rows)
     return rows, salt
@@ -209,14 +209,19 @@ def tensor_hash(t: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     return contributions(rows, salt, _arange(rows.shape[0], str(t.device))).sum()
 
 
-@dataclass(frozen=True)
-class _Added:
-    """One tensor in a HashSink: its n row values sit at chunks[chunk][start : start + n]."""
+@dataclass(slots=True)
+class Rows:
+    """A tensor's row values (the row stage) in a HashSink's arena, with the salt of its dtype and shape."""
 
-    chunk: int
-    start: int
-    n: int
+    values: torch.Tensor  # int64 [n] on the tensor's device
     salt: int
+
+
+@dataclass(slots=True)
+class _Added:
+    """One use of a tensor's rows: to slots base + seg at positions pos, and/or whole to `whole_slot`."""
+
+    rows: Rows
     seg: torch.Tensor | None
     pos: torch.Tensor | None
     base: int
@@ -234,57 +239,59 @@ class _Arena:
         self.fill = 0  # rows used in the last chunk
         self.added: list[_Added] = []
 
-    def add(self, t: torch.Tensor, seg, pos, base: int, whole_slot: int | None) -> None:
+    def rows(self, t: torch.Tensor) -> Rows:
         words, salt = _rows_view(t)
         n = words.shape[0]
         if not self.chunks or self.fill + n > self.chunks[-1].numel():
-            # Normal tensors even inside inference_mode, so a later forward outside it can still write them.
+            # Zeros (the Triton row stage adds wide rows' column blocks into them); normal tensors
+            # even inside inference_mode, so a later forward outside it can still write them.
             with torch.inference_mode(False):
-                self.chunks.append(torch.empty(max(n, self.CHUNK), dtype=torch.int64, device=self.device))
+                self.chunks.append(torch.zeros(max(n, self.CHUNK), dtype=torch.int64, device=self.device))
             self.fill = 0
+        values = self.chunks[-1][self.fill : self.fill + n]
         if n:
-            row_values(words, self.impl, self.chunks[-1][self.fill : self.fill + n])
-        self.added.append(_Added(len(self.chunks) - 1, self.fill, n, salt, seg, pos, base, whole_slot))
+            row_values(words, self.impl, values)
         self.fill += n
-
-    def _rows(self, added: list[_Added]) -> torch.Tensor:
-        return torch.cat([self.chunks[a.chunk][a.start : a.start + a.n] for a in added])
+        return Rows(values, salt)
 
     def reduce(self, n_slots: int) -> torch.Tensor:
         """Every slot's sum on this device: one vectorised combine over all added tensors."""
         dev = self.device
         out = torch.zeros(n_slots, dtype=torch.int64, device=dev)
         parts = []
-        local = [a for a in self.added if a.seg is not None and a.n]
+        local = [a for a in self.added if a.seg is not None and a.rows.values.numel()]
         if local:
-            n, total = torch.tensor([a.n for a in local], device=dev), sum(a.n for a in local)
+            counts = [a.rows.values.numel() for a in local]
+            n, total = torch.tensor(counts, device=dev), sum(counts)
             seg = torch.cat([a.seg for a in local])
             base = torch.tensor([a.base for a in local], device=dev).repeat_interleave(n, output_size=total)
-            salt = torch.tensor([a.salt for a in local], device=dev).repeat_interleave(n, output_size=total)
+            salt = torch.tensor([a.rows.salt for a in local], device=dev).repeat_interleave(n, output_size=total)
+            values = torch.cat([a.rows.values for a in local])
             # slot 0 takes the masked rows (negative seg)
-            parts.append(
-                (self._rows(local), salt, torch.cat([a.pos for a in local]), torch.where(seg >= 0, seg + base, 0))
-            )
-        whole = [a for a in self.added if a.whole_slot is not None and a.n]
+            parts.append((values, salt, torch.cat([a.pos for a in local]), torch.where(seg >= 0, seg + base, 0)))
+        whole = [a for a in self.added if a.whole_slot is not None and a.rows.values.numel()]
         if whole:
-            n, total = torch.tensor([a.n for a in whole], device=dev), sum(a.n for a in whole)
+            counts = [a.rows.values.numel() for a in whole]
+            n, total = torch.tensor(counts, device=dev), sum(counts)
             starts = (torch.cumsum(n, 0) - n).repeat_interleave(n, output_size=total)
-            salt = torch.tensor([a.salt for a in whole], device=dev).repeat_interleave(n, output_size=total)
+            salt = torch.tensor([a.rows.salt for a in whole], device=dev).repeat_interleave(n, output_size=total)
             slot = torch.tensor([a.whole_slot for a in whole], device=dev).repeat_interleave(n, output_size=total)
-            parts.append((self._rows(whole), salt, torch.arange(total, device=dev) - starts, slot))
+            values = torch.cat([a.rows.values for a in whole])
+            parts.append((values, salt, torch.arange(total, device=dev) - starts, slot))
         if not parts:
             return out
-        rows, salt, pos, idx = (torch.cat(x) for x in zip(*parts))
-        return out.index_add_(0, idx, contributions(rows, salt, pos))
+        values, salt, pos, idx = (torch.cat(x) for x in zip(*parts))
+        return out.index_add_(0, idx, contributions(values, salt, pos))
 
 
 class HashSink:
     """Hashes many tensors into numbered slots; the sums stay on the devices until `read`.
 
-    Adding a tensor runs only the row stage (one Triton launch on CUDA); the position mixing and
-    the per-request sums of every added tensor run together, vectorised, when the sink is read.
-    Slot 0 collects masked rows and is never read. A tensor hashed per request takes one slot per
-    request (`slots(n)` returns the first), its whole-tensor hash one more.
+    `rows` runs a tensor's row stage (one Triton launch on CUDA) and `add` uses its rows; the
+    position mixing and the per-request sums of every added tensor run together, vectorised, when
+    the sink is read. The same Rows can be added many times (a tensor seen by several calls is read
+    once). Slot 0 collects masked rows and is never read. A tensor hashed per request takes one
+    slot per request (`slots(n)` returns the first), its whole-tensor hash one more.
     """
 
     def __init__(self, impl: str = "auto") -> None:
@@ -292,31 +299,40 @@ class HashSink:
             raise ValueError(f"hash_impl: {impl!r} is not accepted; expected one of {', '.join(map(repr, IMPLS))}")
         self.impl = impl
         self.n_slots = 1
-        self._arenas: dict[str, _Arena] = {}
+        self._arenas: dict[torch.device, _Arena] = {}
         self._read: np.ndarray | None = None
-        self.n_tensors = 0
+        self.n_tensors = 0  # tensors added
+        self.n_read = 0  # row stages run (tensors read from memory)
 
     def slots(self, n: int) -> int:
         base = self.n_slots
         self.n_slots += n
         return base
 
+    def _arena(self, device: torch.device) -> _Arena:
+        arena = self._arenas.get(device)
+        if arena is None:
+            arena = self._arenas[device] = _Arena(device, resolve_impl(self.impl, device))
+        return arena
+
+    def rows(self, t: torch.Tensor) -> Rows:
+        """Run t's row stage now (its bits as they are), for `add`."""
+        self.n_read += 1
+        return self._arena(t.device).rows(t)
+
     def add(
         self,
-        t: torch.Tensor,
+        t: torch.Tensor | Rows,
         *,
         seg: torch.Tensor | None = None,
         pos: torch.Tensor | None = None,
         base: int = 0,
         whole_slot: int | None = None,
     ) -> None:
-        """Add t: its rows to slots base + seg (when seg is given; a negative seg drops the row),
-        its whole hash to `whole_slot` (when given)."""
-        key = str(t.device)
-        arena = self._arenas.get(key)
-        if arena is None:
-            arena = self._arenas[key] = _Arena(t.device, resolve_impl(self.impl, t.device))
-        arena.add(t, seg, pos, base, whole_slot)
+        """Add t (a tensor, read now, or the Rows of one): its rows to slots base + seg (when seg
+        is given; a negative seg drops the row), its whole hash to `whole_slot` (when given)."""
+        rows = t if isinstance(t, Rows) else self.rows(t)
+        self._arena(rows.values.device).added.append(_Added(rows, seg, pos, base, whole_slot))
         self._read = None
         self.n_tensors += 1
 

@@ -28,6 +28,15 @@ what a saved reference would point at, and they stay on the device (`HashSink`) 
 read. Hashing runs with torch functions disabled, so neither this recorder nor an outer one records
 its own work.
 
+A tensor that reaches several calls unchanged (a module's output is the next module's input and
+its parent's output) is read once: its rows are reused while torch shows it unchanged (the same
+object, version counter, data pointer, shape and strides). torch bumps the version counter on
+every in-place op and custom op that declares its mutation, but not on a raw Triton or CUDA kernel
+launched on an existing tensor, nor a write through `.data`; so a call's outputs never reuse what
+was read when the call began (a module or lab op may write its inputs with such a kernel), and
+`record(..., reuse=False)` reads every tensor at every call for code that writes this way between
+calls.
+
 Known limit: state a module reads that is not in its arguments (a cache filled in an earlier step)
 is invisible at level="modules"; at level="ops" the lab ops hash it through their slots.
 """
@@ -35,7 +44,9 @@ is invisible at level="modules"; at level="ops" the lab ops hash it through thei
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +56,7 @@ import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from gdn_lab import routing
-from gdn_lab.trace.hashing import HashSink
+from gdn_lab.trace.hashing import HashSink, Rows
 from gdn_lab.trace.layout import PADDED, UNALIGNED, Layout
 from gdn_lab.trace.op_views import RowsView, describe_call, split_args
 
@@ -144,8 +155,11 @@ class Trace:
     are matched between traces by (step, name, call_index).
     """
 
-    def __init__(self, level: str, layout: Layout, sink: HashSink) -> None:
+    def __init__(self, level: str, layout: Layout, sink: HashSink, reuse: bool = True) -> None:
         self.level = level
+        self._reuse = reuse
+        # (id, flattened) -> (entry index when read, weakref, (version, pointer, shape, strides), rows)
+        self._seen: dict[tuple[int, bool], tuple[int, weakref.ref, tuple, Rows]] = {}
         self._layout = layout
         self._step = 0
         self._steps = [0]
@@ -169,8 +183,13 @@ class Trace:
 
     @property
     def n_tensors(self) -> int:
-        """How many tensors were hashed (the recording's work)."""
+        """How many tensors were hashed (one per call that saw them)."""
         return self._sink.n_tensors
+
+    @property
+    def n_read(self) -> int:
+        """How many of them were read from memory (the others reused an earlier call's read)."""
+        return self._sink.n_read
 
     def set_layout(self, layout: Layout, step: int | None = None) -> None:
         """Hash the following calls with `layout`, as step `step` (default: the current step + 1).
@@ -245,23 +264,36 @@ class Trace:
         self._entries.append(entry)
         return entry
 
-    def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout) -> list[TensorRecord]:
+    def _rows(self, t: torch.Tensor, flatten: bool, since: int) -> Rows:
+        """t's row values: those read earlier by a call that began after entry `since`, if t is the
+        same tensor with the same bits as far as torch can tell (object, version counter, pointer,
+        shape, strides), else read now."""
+        key = (id(t), flatten)
+        seen = self._seen.get(key) if self._reuse else None
+        state = (t._version, t.data_ptr(), t.shape, t.stride())
+        if seen is not None and seen[0] > since and seen[1]() is t and seen[2] == state:
+            return seen[3]
+        rows = self._sink.rows(t.flatten(0, 1) if flatten else t)
+        if self._reuse:
+            self._seen[key] = (len(self._entries) - 1, weakref.ref(t), state, rows)
+        return rows
+
+    def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1) -> list[TensorRecord]:
+        """Hash each tensor; rows read by calls that began after entry `since` may be reused."""
         records = []
         sink = self._sink
         for path, t in items:
             alignment = layout.alignment(t)
             whole = sink.slots(1)
+            rows = self._rows(t, alignment == PADDED, since)
             if alignment == UNALIGNED:
-                sink.add(t, whole_slot=whole)
+                sink.add(rows, whole_slot=whole)
                 base = -1
             else:
                 seg, pos = layout.rows(alignment, t.device)
                 base = sink.slots(layout.num_requests)
-                rows = t.flatten(0, 1) if alignment == PADDED else t
                 sink.add(rows, seg=seg, pos=pos, base=base, whole_slot=whole)
-            records.append(
-                TensorRecord(path, tuple(t.shape), str(t.dtype).removeprefix("torch."), alignment, layout, base, whole)
-            )
+            records.append(TensorRecord(path, tuple(t.shape), _dtype_name(t.dtype), alignment, layout, base, whole))
         return records
 
     def _hash_views(self, items: Iterable[tuple[str, RowsView]], layout: Layout) -> list[TensorRecord]:
@@ -272,6 +304,11 @@ class Trace:
             dtype = str(v.rows.dtype).removeprefix("torch.")
             records.append(TensorRecord(path, tuple(v.rows.shape), dtype, VIEW, layout, base, -1))
         return records
+
+
+@functools.cache
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _hashable(t: torch.Tensor) -> bool:
@@ -315,12 +352,21 @@ def _storages(items: Iterable[tuple[str, torch.Tensor]]) -> set[int]:
     return {t.untyped_storage().data_ptr() for _, t in items}
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    # The recorder's own torch calls must not reach any TorchFunctionMode (ours would record them)
-    # nor build autograd graphs.
-    with torch._C.DisableTorchFunction(), torch.no_grad():
-        yield
+class _quiet:
+    """The recorder's own torch calls must not reach any TorchFunctionMode (ours would record them)
+    nor build autograd graphs. A class, not a generator context manager: it runs at every hook."""
+
+    __slots__ = ("_grad", "_off")
+
+    def __enter__(self) -> None:
+        self._grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        self._off = torch._C.DisableTorchFunction()
+        self._off.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._off.__exit__(*exc)
+        torch._C._set_grad_enabled(self._grad)
 
 
 @dataclass
@@ -399,7 +445,8 @@ class _Recorder:
             frame.entry.error = True
             return
         with _quiet():
-            frame.entry.outputs = self.trace._hash(list(_tensors(output, "out")), frame.entry.layout)
+            # since: the module may have written its inputs in place, unseen by their version counters
+            frame.entry.outputs = self.trace._hash(list(_tensors(output, "out")), frame.entry.layout, frame.entry.index)
 
     # -- lab ops (routing.observe) --
 
@@ -421,13 +468,13 @@ class _Recorder:
         frame = self._pop_to(LAB_OP, op)
         if frame is None:
             return
-        tr, layout = self.trace, frame.entry.layout
-        with _quiet():
+        tr, layout, since = self.trace, frame.entry.layout, frame.entry.index
+        with _quiet():  # a lab op's kernels write its states in place, unseen by version counters
             views, plain = split_args(op, args, layout.num_requests, after=True)
             frame.entry.outputs = (
-                tr._hash(list(_tensors(result, "out")), layout)
+                tr._hash(list(_tensors(result, "out")), layout, since)
                 + tr._hash_views(views, layout)
-                + tr._hash([item for p, v in plain for item in _tensors(v, p)], layout)
+                + tr._hash([item for p, v in plain for item in _tensors(v, p)], layout, since)
             )
 
     # -- torch functions (level="ops") --
@@ -446,7 +493,7 @@ class _Recorder:
                 return out
             entry = self._open_function(name)
             entry.inputs = self.trace._hash(inputs, entry.layout)
-            entry.outputs = self.trace._hash(outputs, entry.layout)
+            entry.outputs = self.trace._hash(outputs, entry.layout, entry.index)
         return out
 
     def _open_function(self, name: str) -> Entry:
@@ -466,7 +513,7 @@ class _Recorder:
         # __setitem__ returns None: what changed is its first argument.
         changed = args[0] if name.endswith("__setitem__") else out
         with _quiet():
-            entry.outputs = self.trace._hash(list(_tensors(changed, "out")), entry.layout)
+            entry.outputs = self.trace._hash(list(_tensors(changed, "out")), entry.layout, entry.index)
         return out
 
 
@@ -486,7 +533,13 @@ class _FunctionMode(TorchFunctionMode):
 
 @contextlib.contextmanager
 def record(
-    model: torch.nn.Module, layout: Layout, level: str = "modules", *, hash_impl: str = "auto", keep_calls: bool = False
+    model: torch.nn.Module,
+    layout: Layout,
+    level: str = "modules",
+    *,
+    hash_impl: str = "auto",
+    keep_calls: bool = False,
+    reuse: bool = True,
 ) -> Iterator[Trace]:
     """Record every call of `model` (and, at level="ops", its torch functions and gdn_lab ops)
     with per-request hashes of its inputs and outputs.
@@ -501,6 +554,11 @@ def record(
         keep_calls: keep, for every lab-op entry, a cheap description of its arguments
             (`Entry.call`: shapes, dtypes and copies of the small integer tensors such as seq_lens,
             never the large tensors), so a backend's dispatch rule can later predict the launch.
+        reuse: a tensor seen again (a module's output as the next module's input) reuses the
+            rows read earlier when torch shows it unchanged (same object, version counter, pointer,
+            shape and strides), except a call's own inputs at its outputs; False reads every
+            tensor at every call (for code that writes tensors in place outside torch's view,
+            between two calls: see the module docstring).
 
     Yields:
         The Trace, filled as the model runs; read it (entries, `diff`) after the block.
@@ -526,9 +584,10 @@ def record(
         raise ValueError(f"layout: expected a gdn_lab.trace.Layout, got {type(layout).__name__}")
     if level not in LEVELS:
         raise ValueError(f"level: {level!r} is not accepted; expected one of {', '.join(map(repr, LEVELS))}")
-    if not isinstance(keep_calls, bool):
-        raise ValueError(f"keep_calls: expected true or false, got {keep_calls!r}")
-    trace = Trace(level, layout, HashSink(hash_impl))
+    for name, flag in (("keep_calls", keep_calls), ("reuse", reuse)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name}: expected true or false, got {flag!r}")
+    trace = Trace(level, layout, HashSink(hash_impl), reuse)
     rec = _Recorder(model, trace, keep_calls)
     with contextlib.ExitStack() as stack:
         stack.callback(rec.close)

@@ -2,7 +2,12 @@
 
 Same bits as the torch ops (tests compare them under TRITON_INTERPRET=1). The torch ops take about
 15 launches per tensor; a launch-bound forward with hundreds of hashed tensors pays for each, so on
-the GPU one program per block of rows loads the words, mixes each with its column and sums the row.
+the GPU one launch hashes a tensor, through the compiled kernel's own launcher (`launch_cached`).
+
+A program sums at most COLS_PER_PROGRAM columns of its block of rows, and a wide row's column
+blocks add into it atomically: a request's row in a per-request layout ([B, T * H], millions of
+words) is spread over thousands of programs instead of one. The sums are int64 sums mod 2^64,
+exact in any order, so the atomics cannot change the bits.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_lab.ops.triton_common import launch_cached, pow2_at_least
+from gdn_lab.ops.triton_support import interpreting
 from gdn_lab.trace.mixing import M1, M2, G
 
 _G = tl.constexpr(G)
@@ -20,6 +27,9 @@ _MASK30 = tl.constexpr((1 << 34) - 1)
 _MASK27 = tl.constexpr((1 << 37) - 1)
 _MASK31 = tl.constexpr((1 << 33) - 1)
 MAX_TILE = 2048  # BLOCK_R * BLOCK_F: int64 accumulators held per program
+MAX_BLOCK_F = 1024
+COLS_PER_PROGRAM = 16 * MAX_BLOCK_F
+_INT32_MAX = 2**31 - 1
 
 
 @triton.jit
@@ -32,26 +42,50 @@ def _mix(z):
     return z ^ ((z >> 31) & _MASK31)
 
 
-@triton.jit
-def _row_values_kernel(x_ptr, out_ptr, R, F, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+@triton.jit(do_not_specialize=["R", "F", "n_iter"])
+def _row_values_kernel(x_ptr, out_ptr, R, F, n_iter, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, SPLIT: tl.constexpr):
     i_r = tl.program_id(0)
+    i_c = tl.program_id(1)
     o_r = i_r * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = o_r < R
     o_r64 = o_r.to(tl.int64)
+    col0 = i_c.to(tl.int64) * n_iter * BLOCK_F
     b_acc = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.int64)
-    for f0 in range(0, F, BLOCK_F):
-        o_f = f0 + tl.arange(0, BLOCK_F)
+    for it in range(0, n_iter):
+        o_f = col0 + it * BLOCK_F + tl.arange(0, BLOCK_F).to(tl.int64)
         m_x = m_r[:, None] & (o_f < F)[None, :]
         p_x = x_ptr + o_r64[:, None] * F + o_f[None, :]
         b_w = tl.load(p_x, mask=m_x, other=0).to(tl.int64)
-        b_z = _mix(b_w + (o_f.to(tl.int64)[None, :] + 1) * _G)
+        b_z = _mix(b_w + (o_f[None, :] + 1) * _G)
         b_acc += tl.where(m_x, b_z, 0)
-    tl.store(out_ptr + o_r, tl.sum(b_acc, axis=1), mask=m_r)
+    b_sum = tl.sum(b_acc, axis=1)
+    if SPLIT:  # several programs share these rows: add (out holds zeros)
+        tl.atomic_add(out_ptr + o_r, b_sum, mask=m_r)
+    else:
+        tl.store(out_ptr + o_r, b_sum, mask=m_r)
 
 
 def row_values_triton(words: torch.Tensor, out: torch.Tensor) -> None:
-    """out[r] = sum_j mix(words[r, j] + (j + 1) * G), as `hashing.row_values` (words: integer [R, F], contiguous)."""
+    """out[r] = sum_j mix(words[r, j] + (j + 1) * G), as `hashing.row_values`.
+
+    Args:
+        words: integer [R, F], contiguous.
+        out: int64 [R], contiguous and zero-filled (rows wider than COLS_PER_PROGRAM add into it).
+    """
     r, f = words.shape
-    block_f = min(triton.next_power_of_2(max(f, 1)), 1024)
+    block_f = pow2_at_least(max(f, 1), floor=1) if f < MAX_BLOCK_F else MAX_BLOCK_F
     block_r = max(1, min(64, MAX_TILE // block_f))
-    _row_values_kernel[(triton.cdiv(r, block_r),)](x_ptr=words, out_ptr=out, R=r, F=f, BLOCK_R=block_r, BLOCK_F=block_f)
+    tiles = -(-f // block_f)
+    n_iter = min(tiles, COLS_PER_PROGRAM // block_f)
+    n_col = -(-tiles // n_iter) if tiles else 1
+    split = n_col > 1
+    grid = (-(-r // block_r), n_col, 1)
+    args = (words, out, r, f, n_iter, block_r, block_f, split)
+    if interpreting():
+        _row_values_kernel[grid](*args)
+        return
+    # What the compilation depends on: the constexprs, the word dtype, the pointers' 16-byte
+    # alignment, and whether the ints need 64 bits (unspecialised ints still type by range).
+    wide = r > _INT32_MAX or f > _INT32_MAX
+    key = (block_r, block_f, split, words.dtype, words.data_ptr() & 15 == 0, out.data_ptr() & 15 == 0, wide)
+    launch_cached(_row_values_kernel, grid, args, key)

@@ -105,6 +105,57 @@ def test_in_place_calls_are_hashed_before_and_after():
         assert [tr.hash_of(rec, r) for r in (0, 1)] == want.tolist()
 
 
+def _hashes(tr) -> list:
+    return [
+        [tr.hash_of(r, i) for i in (0, 1, 2)] + [tr.whole_hash_of(r)] for e in tr.entries for r in e.inputs + e.outputs
+    ]
+
+
+@pytest.mark.parametrize("level", ["modules", "ops"])
+def test_a_tensor_seen_by_several_calls_is_read_once_with_the_same_hashes(level):
+    net, x = Net(), torch.randn(3, 4)
+    traces = {}
+    for reuse in (True, False):
+        with record(net, Layout.per_request([0, 1, 2]), level=level, reuse=reuse) as traces[reuse]:
+            net(x)
+    fresh, reused = traces[False], traces[True]
+    assert _hashes(reused) == _hashes(fresh)
+    assert fresh.n_read == fresh.n_tensors and reused.n_read < reused.n_tensors == fresh.n_tensors
+
+
+def test_a_write_no_version_counter_sees_is_still_seen_at_the_call_that_made_it():
+    class Raw(nn.Module):  # writes its input in place behind torch's version counter (like a raw kernel)
+        def forward(self, x):
+            x.data.mul_(2.0)
+            return x
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.raw = nn.Identity(), Raw()
+
+        def forward(self, x):
+            return self.raw(self.first(x))
+
+    lay, x = Layout.per_request([0, 1]), torch.randn(2, 3)
+    before, version = row_hashes(x, lay).tolist(), x._version
+    model = Outer()
+    with record(model, lay) as tr:
+        model(x)
+    assert x._version == version  # torch did not see the write
+    outer, first, raw = tr.entries
+    after = row_hashes(x, lay).tolist()
+    assert after != before
+    for rec, want in (
+        (first.outputs[0], before),
+        (raw.inputs[0], before),
+        (raw.outputs[0], after),
+        (outer.outputs[0], after),
+    ):
+        assert [tr.hash_of(rec, r) for r in (0, 1)] == want, rec.path
+    assert tr.n_read < tr.n_tensors
+
+
 def test_lab_op_caches_are_hashed_per_request_through_their_slots():
     class Step(nn.Module):
         def forward(self, q, k, v, a, b, state, slots):

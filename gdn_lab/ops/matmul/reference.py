@@ -30,12 +30,15 @@ SPLITK_SLOTS = 64
 
 
 def splitk_slices(m: int, k: int, slots: int = SPLITK_SLOTS) -> int:
-    """The torch split-K control's K slices for M rows: next_pow2(ceil(slots / M)), at most K // 8, at least 1.
+    """The torch split-K control's K slices for M rows: next_pow2(ceil(slots / M)), at most K // 8, at least 1
+    (one for no rows).
 
     Example:
-        >>> [splitk_slices(m, 4096) for m in (1, 8, 20, 64, 1000)]
-        [64, 8, 4, 1, 1]
+        >>> [splitk_slices(m, 4096) for m in (0, 1, 8, 20, 64, 1000)]
+        [1, 64, 8, 4, 1, 1]
     """
+    if m == 0:
+        return 1
     want = -(-slots // m)
     return max(1, min(1 << (want - 1).bit_length(), k // 8))
 
