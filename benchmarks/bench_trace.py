@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3; smoke 1)")
     p.add_argument("--reps", type=int, default=None, help="timed calls (default 10; smoke 5)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; smoke 1)")
+    p.add_argument(
+        "--profile", default=None, help="also print the host functions that took longest in 5 forwards of this mode"
+    )
     a = p.parse_args(argv)
     a.shapes = [
         tuple(int(x) for x in s.split("x"))
@@ -182,6 +185,21 @@ def runner(mode: str, model, work: Workload, hash_impl: str, last: dict[str, Any
     return run
 
 
+def profile_host(run: Callable[[Any], None], setup: Callable[[], Any] | None, title: str, top: int = 15) -> None:
+    """Print the `top` functions by own host time over 5 calls of `run` (cProfile; not timed)."""
+    import cProfile
+    import pstats
+
+    states = [setup() if setup else None for _ in range(5)]
+    prof = cProfile.Profile()
+    prof.enable()
+    for state in states:
+        run(state)
+    prof.disable()
+    print(f"[profile] {title}: 5 forwards", flush=True)
+    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(top)
+
+
 def read_trace(trace, device: torch.device) -> dict[str, Any]:
     """The trace's size, and the time to read its hashes (its one device-to-host copy)."""
     sync(device)
@@ -263,6 +281,10 @@ def _run(args: argparse.Namespace, device: torch.device) -> int:
                     continue
                 runs[mode] = run
             times = time_eager_interleaved(runs, device, warmup=args.warmup, reps=args.reps, setup=work[1])
+            if args.profile in runs:
+                profile_host(
+                    runs[args.profile], work[1], f"{name} {s['batch']}x{s['tokens_per_request']} {args.profile}"
+                )
             plain_ms = statistics.median(times["plain"]) if "plain" in times else None
             for mode, ts in times.items():
                 ms = statistics.median(ts)
