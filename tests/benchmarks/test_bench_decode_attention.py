@@ -6,16 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_decode_attention", ROOT / "benchmarks" / "bench_decode_attention.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+SCRIPT = "bench_decode_attention.py"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -24,8 +15,8 @@ def _rows(path: Path) -> list[dict]:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-def test_smoke(tmp_path):
-    assert _bench().main(["--smoke", "--out", str(tmp_path)]) == 0
+def test_smoke(tmp_path, run_smoke):
+    run_smoke(SCRIPT, "--smoke", "--out", str(tmp_path))
     rows = _rows(tmp_path / "bench_decode_attention.csv")
     assert all(r["status"] == "ok" and r["env_torch"] for r in rows)
     timing = [r for r in rows if r["kind"] == "timing"]
@@ -47,20 +38,19 @@ def test_smoke(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-def test_smoke_sweep_summary(tmp_path, capsys):
+def test_smoke_sweep_summary(tmp_path, run_smoke):
     argv = ["--smoke", "--out", str(tmp_path), "--kv-dtypes", "bf16", "--page-sizes", "16", "--sweep"]
-    assert _bench().main(argv) == 0
+    out = run_smoke(SCRIPT, *argv).stdout
     rows = _rows(tmp_path / "bench_decode_attention.csv")
     sweep = [r for r in rows if r["kind"] == "sweep"]
     assert {r["note"] for r in sweep} >= {"default config", "forced plan"}
-    out = capsys.readouterr().out
     assert "sweep D=64 bf16 page 16" in out and "vs sdpa / vs control" in out
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-def test_cases_over_the_memory_limit_are_skipped_rows(tmp_path):
+def test_cases_over_the_memory_limit_are_skipped_rows(tmp_path, run_smoke):
     argv = ["--smoke", "--out", str(tmp_path), "--max-gb", "0", "--kv-dtypes", "bf16", "--page-sizes", "16"]
-    assert _bench().main(argv) == 0
+    run_smoke(SCRIPT, *argv)
     timing = [r for r in _rows(tmp_path / "bench_decode_attention.csv") if r["kind"] == "timing"]
     assert {r["impl"] for r in timing} == {"sdpa", "triton", "control"}
     assert all(r["status"] == "skipped" and "--max-gb" in r["note"] and not r["us"] for r in timing)

@@ -2,21 +2,13 @@
 
 import csv
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-def test_smoke(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_gdn_decode.py"), "--smoke", "--out", str(tmp_path)]
-    subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=300, capture_output=True)
+def test_smoke(tmp_path, run_smoke):
+    run_smoke("bench_gdn_decode.py", "--smoke", "--out", str(tmp_path))
     with (tmp_path / "bench_gdn_decode.csv").open() as f:
         rows = list(csv.DictReader(f))
     kinds = {r["kind"] for r in rows}

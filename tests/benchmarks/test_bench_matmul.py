@@ -2,19 +2,13 @@
 
 import csv
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-def test_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_matmul", ROOT / "benchmarks" / "bench_matmul.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
+def test_smoke(tmp_path, run_smoke):
+    run_smoke("bench_matmul.py", "--smoke", "--out", str(tmp_path))
     with (tmp_path / "bench_matmul.csv").open() as f:
         rows = list(csv.DictReader(f))
     timing = [r for r in rows if r["kind"] == "timing"]

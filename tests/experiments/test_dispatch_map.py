@@ -89,9 +89,11 @@ def test_flydsl_schedules_name_the_shapes_sglang_sends_to_flydsl():
     assert gfx942["used_by"] == ["Qwen3.5-397B-A17B TP8"]
 
 
-def test_the_k_split_run_moves_the_bits_exactly_where_the_map_says():
+def test_the_k_split_run_moves_the_bits_exactly_where_the_map_says(device):
     # gfx942, (4, 8), fp32 state (Qwen3-Next-80B at TP4): WTK 16, 16, 8, 8 for batch 1..4
-    cfg = config(models=["Qwen3-Next-80B-A3B"], tps=[4], arches=["gfx942"], run_batch_sizes=[2, 3, 4])
+    cfg = config(
+        models=["Qwen3-Next-80B-A3B"], tps=[4], arches=["gfx942"], run_batch_sizes=[2, 3, 4], device=device.type
+    )
     runs = dm.ksplit_runs(cfg)
     assert list(runs.columns[: len(COLUMNS)]) == COLUMNS
     assert (runs.status == "compared").all() and set(runs.tensor) == {"out", "state"}
@@ -107,8 +109,8 @@ def test_the_k_split_run_moves_the_bits_exactly_where_the_map_says():
     assert "moved at batch 3, 4, as predicted" in dm.conclusion(dm.map_table(cfg), runs)
 
 
-def test_batch_sizes_sglang_sends_elsewhere_are_rows_saying_so():
-    cfg = config(models=["Qwen3.5-397B-A17B"], tps=[8], arches=["gfx942"], run_batch_sizes=[24])
+def test_batch_sizes_sglang_sends_elsewhere_are_rows_saying_so(device):
+    cfg = config(models=["Qwen3.5-397B-A17B"], tps=[8], arches=["gfx942"], run_batch_sizes=[24], device=device.type)
     runs = dm.ksplit_runs(cfg)
     at24 = runs[runs.batch_size == 24].iloc[0]
     assert not at24.covered and at24.status == "not covered" and "SGLang takes hip at batch 24" in at24.reason

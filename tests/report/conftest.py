@@ -6,6 +6,7 @@ The runner imports each notebook's Config at plan time and the notebooks' kernel
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import nbformat
@@ -74,7 +75,8 @@ def tiny_config(tmp_path, monkeypatch):
     mod.mkdir()
     (mod / "tiny_config.py").write_text(textwrap.dedent(CONFIG_MODULE))
     monkeypatch.syspath_prepend(str(mod))
-    monkeypatch.setenv("PYTHONPATH", str(mod))
+    # in front of the session's own PYTHONPATH (a machine may install its packages through it)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(mod), os.environ.get("PYTHONPATH")) if p))
     return mod
 
 

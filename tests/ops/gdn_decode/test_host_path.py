@@ -14,13 +14,13 @@ SPEC = spec.get("gdn_decode")
 gdn_module = __import__("gdn_lab.ops.gdn_decode", fromlist=["validate"])
 
 
-def _case(B=3, hk=1, hv=2, d=16, slots=(0, 2, -1)):
+def _case(B=3, hk=1, hv=2, d=16, slots=(0, 2, -1), device="cpu"):
     g = torch.Generator().manual_seed(0)
-    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
     return {
         "q": r(B, hk, d), "k": r(B, hk, d), "v": r(B, hv, d), "a": r(B, hv), "b": r(B, hv),
-        "A_log": r(hv), "dt_bias": r(hv), "state": torch.zeros(4, hv, d, d),
-        "slots": torch.tensor(slots, dtype=torch.int32),
+        "A_log": r(hv), "dt_bias": r(hv), "state": torch.zeros(4, hv, d, d, device=device),
+        "slots": torch.tensor(slots, dtype=torch.int32, device=device),
     }  # fmt: skip
 
 
@@ -85,11 +85,11 @@ def test_routing_order_follows_registry_changes():
     assert routing.decide(op, SPEC.validate(**_case()), "auto").name == first.name
 
 
-def test_public_path_result_unchanged_by_the_shortcuts():
+def test_public_path_result_unchanged_by_the_shortcuts(device):
     """Two steps through the public path (the second with memoised checks) match the reference."""
     from gdn_lab.ops.gdn_decode.reference import gdn_decode_torch
 
-    case, ref_case = _case(), _case()
+    case, ref_case = _case(device=device), _case(device=device)
     for _ in range(2):
         out = gdn_decode_fn(**case, backend="triton")
         ref = gdn_decode_torch(**SPEC.validate(**ref_case))
