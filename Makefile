@@ -1,6 +1,6 @@
 # Two commands for a fresh machine (Python 3.11, no GPU needed):
 #   make suite   set up .venv, run the cpu-smoke notebook suite, print where index.html is
-#   make test    set up .venv, run the tests
+#   make test    set up .venv, run the tests, then the regression gate against data/golden/cpu-smoke.json
 # TORCH picks the torch build: the default is the CPU build the lab's CI uses. EXTRAS: lab (notebooks),
 # dev (tests), aiter-triton (AITER's Triton kernels from the amd-aiter wheel, for machines without a
 # source-built aiter), gpu (flash-linear-attention; its recurrent kernel also runs in the interpreter),
@@ -29,6 +29,7 @@ suite: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+	$(BIN)/gdn-lab check --golden data/golden/cpu-smoke.json --quiet
 
 lint: setup
 	$(BIN)/ruff check gdn_lab tests benchmarks

@@ -347,7 +347,7 @@ def _invariance(args: argparse.Namespace) -> int:
 def _fingerprint(args: argparse.Namespace) -> int:
     from gdn_lab.gate import golden
     from gdn_lab.gate.fingerprint import GateConfig, fingerprint
-    from gdn_lab.report import presets
+    from gdn_lab.report import presets, quiet
 
     try:
         preset = presets.load(args.preset)
@@ -355,7 +355,8 @@ def _fingerprint(args: argparse.Namespace) -> int:
             raise ValueError(f"preset {preset.name}: has no gate section (gate: {{cases: [...]}})")
         cfg = GateConfig(**preset.gate)
         _interpret_on_cpu(cfg.torch_device)
-        doc = fingerprint(cfg, only=args.only, preset=preset.name, progress=not args.quiet)
+        with quiet.capture():  # the interpreter's masked-lane RuntimeWarnings say nothing here
+            doc = fingerprint(cfg, only=args.only, preset=preset.name, progress=not args.quiet)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -368,13 +369,15 @@ def _check(args: argparse.Namespace) -> int:
     from gdn_lab.gate import golden
     from gdn_lab.gate.check import check_documents, report
     from gdn_lab.gate.fingerprint import GateConfig, fingerprint
+    from gdn_lab.report import quiet
 
     try:
         old = golden.read(args.golden)
         cfg = GateConfig(**old["config"])
         _interpret_on_cpu(cfg.torch_device)
         only = sorted({c["op"] for c in old["cases"]})
-        now = fingerprint(cfg, only=only, preset=old.get("preset"), progress=not args.quiet)
+        with quiet.capture():
+            now = fingerprint(cfg, only=only, preset=old.get("preset"), progress=not args.quiet)
     except (golden.GoldenError, TypeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
