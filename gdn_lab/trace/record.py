@@ -313,7 +313,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _hashable(t: torch.Tensor) -> bool:
-    return t.layout == torch.strided and not t.is_quantized and t.device.type != "meta"
+    # is_meta, not device.type: building the device object costs more than the rest of the check
+    return t.layout is torch.strided and not t.is_quantized and not t.is_meta
 
 
 def _tensors(obj: Any, path: str) -> list[tuple[str, torch.Tensor]]:
