@@ -157,6 +157,19 @@ def on_device(args: Mapping[str, Any], tensor: str) -> Check:
     return True, ""
 
 
+def unit_scale(device: torch.device) -> torch.Tensor:
+    """A float32 [1] scale of 1.0: what AITER's kernels take where a cache or query has no scale."""
+    return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def scales_or_unit(
+    k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache's k/v scales, or unit scales for a cache stored without them."""
+    one = unit_scale(device)
+    return (one if k_scale is None else k_scale), (one if v_scale is None else v_scale)
+
+
 def dtype_names(*dtypes: torch.dtype) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
 

@@ -67,12 +67,6 @@ def min_workspace_bytes(num_seqs: int, num_heads: int, max_num_partitions: int, 
     return cells * (8 + q_bytes * head_dim)
 
 
-def _scales(args: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    one = torch.ones(1, dtype=torch.float32, device=args["q"].device)
-    k, v = args["k_scale"], args["v_scale"]
-    return (one if k is None else k), (one if v is None else v)
-
-
 def decode_attention_aiter(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -114,7 +108,7 @@ def decode_attention_aiter(
     P = setting.max_num_partitions
     workspace = torch.empty(workspace_bytes(num_seqs, num_heads, P, head_dim), dtype=torch.uint8, device=q.device)
     out = torch.empty_like(q)
-    ks, vs = _scales({"q": q, "k_scale": k_scale, "v_scale": v_scale})
+    ks, vs = aiter_native.scales_or_unit(k_scale, v_scale, q.device)
     fn(
         out,
         workspace,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from gdn_lab import aiter
+from gdn_lab.ops.aiter_native import scales_or_unit
 from gdn_lab.ops.aiter_paged import (
     available,
     block_table,
@@ -37,7 +38,7 @@ def decode_attention_aiter_pa(
     arch, cus = aiter.effective_arch(q.device), aiter.effective_num_cus(q.device)
     module = aiter.load("pa_decode", arch)
     out = torch.empty_like(q)
-    one = torch.ones(1, dtype=torch.float32, device=q.device)
+    ks, vs = scales_or_unit(k_scale, v_scale, q.device)
     with aiter.shims(arch, cus):
         module.paged_attention_decode(
             out,
@@ -49,8 +50,8 @@ def decode_attention_aiter_pa(
             scale,
             int(seq_lens.max()),
             compute_type(q.dtype),
-            one if k_scale is None else k_scale,
-            one if v_scale is None else v_scale,
+            ks,
+            vs,
         )
     return out
 

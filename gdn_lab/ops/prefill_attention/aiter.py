@@ -91,8 +91,7 @@ def prefill_attention_aiter(
     query = q
     if fp8:
         query = q.to(k_cache.dtype)  # SGLang: q = q.to(fp8_dtype)
-        one = torch.ones(1, dtype=torch.float32, device=q.device)
-        descales = {"q_descale": one, "k_descale": k_scale, "v_descale": v_scale}
+        descales = {"q_descale": aiter_native.unit_scale(q.device), "k_descale": k_scale, "v_descale": v_scale}
     extra = {} if scale == head_dim**-0.5 else {"softmax_scale": scale}
     out = fn(
         query.contiguous().view(-1, num_heads, head_dim),
