@@ -269,14 +269,15 @@ class Trace:
         """t's row values: those read earlier by a call that began after entry `since`, if t is the
         same tensor with the same bits as far as torch can tell (object, version counter, pointer,
         shape, strides), else read now."""
+        if not self._reuse:
+            return self._sink.rows(t.flatten(0, 1) if flatten else t)
         key = (id(t), flatten)
-        seen = self._seen.get(key) if self._reuse else None
+        seen = self._seen.get(key)
         state = (t._version, t.data_ptr(), t.shape, t.stride())
         if seen is not None and seen[0] > since and seen[1]() is t and seen[2] == state:
             return seen[3]
         rows = self._sink.rows(t.flatten(0, 1) if flatten else t)
-        if self._reuse:
-            self._seen[key] = (len(self._entries) - 1, weakref.ref(t), state, rows)
+        self._seen[key] = (len(self._entries) - 1, weakref.ref(t), state, rows)
         return rows
 
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1) -> list[TensorRecord]:
