@@ -1,7 +1,8 @@
-"""What the benchmark scripts share: CUDA-graph timing, synchronisation, and the CSV they write."""
+"""What the benchmark scripts share: the device option, CUDA-graph timing, synchronisation, and the CSV they write."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import tempfile
@@ -10,6 +11,30 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """`--device auto|cpu|cuda` (see `bench_device`)."""
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where it runs (default auto: the GPU when torch sees one, but the CPU under Triton's "
+        "interpreter with --smoke; --smoke --device cuda runs the tiny shapes on the GPU)",
+    )
+
+
+def bench_device(args: argparse.Namespace) -> torch.device:
+    """The device `--device` and `--smoke` pick. On the CPU Triton's interpreter is switched on, so
+    call this before any kernel module is imported (triton.jit reads TRITON_INTERPRET then)."""
+    name = args.device
+    if name == "auto":
+        name = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no GPU here; use --device cpu (Triton's interpreter)")
+    if name == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return torch.device(name)
 
 
 def sync(device: torch.device) -> None:

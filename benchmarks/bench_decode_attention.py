@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import os
 import sys
 import time
 import traceback
@@ -58,7 +57,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import add_device_option, bench_device, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 ROOFLINE_TBPS = 4.26  # H200 device-to-device copy, bytes read + written (measured_h200.md)
 SDPA_TARGET = 0.95  # >= 95 % of SDPA's throughput at B >= 8, ctx >= 4k (bf16 and fp8 caches)
@@ -103,7 +102,8 @@ COLUMNS = [
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for bench_decode_attention.csv")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), seconds")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, seconds (CPU interpreter; see --device)")
+    add_device_option(p)
     p.add_argument("--batches", default=None, help="batch sizes, e.g. 1,8,64,256")
     p.add_argument("--contexts", default=None, help="context lengths, e.g. 1024,4096,16384,65536")
     p.add_argument("--shapes", default=None, help="Hq/Hkv/D list, e.g. 32/8/128,16/2/256")
@@ -200,7 +200,7 @@ class Bench:
         from gdn_lab.environment import fingerprint
 
         self.args = args
-        self.device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+        self.device = bench_device(args)
         self.fp = fingerprint(self.device)
         self.fp8 = detect(self.device).fp8_dtype
         self.rows: list[dict] = []
@@ -408,7 +408,8 @@ class Bench:
                 args = case.paged(ps, k, v, one, one)
                 nbytes = case.kv_bytes(k.element_size()) + case.qo_bytes()
                 default = mod.decode_config(d, args["q"].dtype, args["k_cache"].dtype)
-                trials = [(cfg, None) for cfg in _sweep_configs(mod, d, kv, smoke)]
+                configs = _sweep_configs(mod, d, kv, smoke)
+                trials = [(cfg, None) for cfg in (configs if default in configs else [default, *configs])]
                 trials += [(default, plan) for plan in _sweep_plans(mod, default, B, hkv, ctx, self.fp["num_sms"])]
                 for cfg, plan in trials:
                     fields = dict(base, kv_dtype=kv, page_size=ps, config=_cfg(cfg), bytes=nbytes)
@@ -461,7 +462,7 @@ def _plan(plan) -> str:
 def _sweep_configs(mod, d: int, kv: str, smoke: bool) -> list:
     """Candidate partition-kernel configs per head dim and cache dtype (sm_90 compiles without spills in loops)."""
     if smoke:
-        return [mod.DecodeConfig(64, 4, 1, 1)]
+        return [mod.DecodeConfig(64, 4, 1, 1)]  # beside the device's default (the sweep adds it)
     c = mod.DecodeConfig
     candidates = {
         (128, "bf16"): [c(64, 16, 4, 5, 128), c(64, 16, 4, 3), c(128, 8, 4, 3), c(128, 8, 8, 3, 128), c(64, 16, 4, 4)],
@@ -562,8 +563,7 @@ def _fmt(x) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    bench_device(args)  # before any kernel module is imported
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     bench = Bench(args)
     t0 = time.perf_counter()

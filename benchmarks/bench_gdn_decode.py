@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 import sys
 import time
 import traceback
@@ -45,7 +44,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import sync, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import add_device_option, bench_device, sync, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 ROOFLINE_TBPS = 4.26  # H200 device-to-device copy, bytes read + written (measured_h200.md)
 L2_BYTES = 50 * 2**20
@@ -85,7 +84,8 @@ COLUMNS = [
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for bench_gdn_decode.csv")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), seconds")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, seconds (CPU interpreter; see --device)")
+    add_device_option(p)
     p.add_argument("--shapes", default=None, help="HK/HV list, e.g. 4/8,16/32,2/8")
     p.add_argument("--batches", default=None, help="batch sizes, e.g. 1,8,32,64,256,1024")
     p.add_argument("--no-sweep", action="store_true", help="skip the block_v/num_warps/k_split sweep")
@@ -185,7 +185,7 @@ class Bench:
         from gdn_lab.ops.gdn_decode import triton_kernels as triton_decode
 
         self.args = args
-        self.device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+        self.device = bench_device(args)
         self.graphs = self.device.type == "cuda"
         self.decode, self.td = spec.get("gdn_decode"), triton_decode
         self.fp = fingerprint(self.device)
@@ -418,7 +418,7 @@ class Bench:
         """Graph-mode time of other configs (the default stays fixed; this says what it costs)."""
         d = self.args.head_dim
         configs = [{"block_v": bv, "num_warps": nw} for bv in (4, 8, 16, 32, 64) for nw in (1, 2, 4, 8)]
-        configs += [{"k_split": ks} for ks in (1, 2, 4, 16, 32)]
+        configs += [{"k_split": ks} for ks in (1, 2, 4, 16, 32) if ks <= d]  # k_split divides K
         for B in batches:
             case = make_case(B, hk, hv, d, self.device, self.args.seed)
             state_bytes = 2 * B * hv * d * d * 4
@@ -570,9 +570,7 @@ class Bench:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.smoke and not torch.cuda.is_available():
-        # Must precede the first import of a Triton kernel module (triton.jit reads it then).
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    bench_device(args)  # before the first import of a Triton kernel module
     bench = Bench(args)
     t0 = time.time()
     first = args.shapes[0]
@@ -585,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.invariance_rows(*first, inv_batches)
     bench.variance_rows(*first, 2 if args.smoke else 64)
     if bench.graphs and not args.no_sweep:
-        bench.sweep_rows(*first, [1, 64, 256, 1024])
+        bench.sweep_rows(*first, [2] if args.smoke else [1, 64, 256, 1024])
     path = bench.write(Path(args.out))
     met = [r for r in bench.rows if r["target_met"] is not None]
     errors = [r for r in bench.rows if r["kind"] == "error"]

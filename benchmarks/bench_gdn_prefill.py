@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import sync, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import add_device_option, bench_device, sync, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")  # read when fla is imported (see gated_delta_rule/fla.py)
 
@@ -89,7 +89,8 @@ class Shape:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for bench_gdn_prefill.csv")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), seconds")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, seconds (CPU interpreter; see --device)")
+    add_device_option(p)
     p.add_argument("--tokens", default=None, help="total tokens, e.g. 1024,4096,16384")
     p.add_argument("--batches", default=None, help="sequences per batch (equal lengths), e.g. 1,4,16")
     p.add_argument("--seed", type=int, default=0)
@@ -278,7 +279,7 @@ class Bench:
         from gdn_lab.environment import fingerprint
 
         self.args = args
-        self.device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+        self.device = bench_device(args)
         self.env = {f"env_{k}": v for k, v in fingerprint(self.device).items()}
         self.rows: list[dict[str, Any]] = []
         self.fla_ok, self.fla_reason = fla_available()
@@ -407,8 +408,7 @@ class Bench:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.smoke and not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+    bench_device(args)  # before any kernel module is imported
     bench = Bench(args)
     for op in (LAYER, PREFILL):
         for tokens in args.tokens:

@@ -17,7 +17,6 @@ Every row carries the environment fingerprint (`env_*`). Run from the repository
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import add_device_option, bench_device, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 CSV_NAME = "bench_matmul.csv"
 COLUMNS = [
@@ -52,7 +51,8 @@ SHAPES = "4096x6144,4096x4096,4096x24576,12288x4096"  # K x N
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for bench_matmul.csv")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), seconds")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, seconds (CPU interpreter; see --device)")
+    add_device_option(p)
     p.add_argument("--shapes", default=None, help="K x N list, e.g. 4096x6144,12288x4096")
     p.add_argument("--ms", default=None, help="row counts, e.g. 1,8,64,256,1024,4096")
     p.add_argument("--rep-ms", type=float, default=25.0, help="replay time budget per measurement (ms)")
@@ -64,14 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    device = bench_device(args)  # before any kernel module is imported
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from gdn_lab.environment import fingerprint
     from gdn_lab.experiments.compare import compare
     from gdn_lab.ops.matmul.triton_kernels import matmul_triton
 
-    device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     fp = fingerprint(device)
     rows: list[dict] = []

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import write_csv  # noqa: E402
+from bench_common import add_device_option, bench_device, write_csv  # noqa: E402
 
 CSV = "probe_aiter_pa_decode_reduce.csv"
 
@@ -34,14 +34,12 @@ CSV = "probe_aiter_pa_decode_reduce.csv"
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--smoke", action="store_true", help="tiny shapes under the CPU interpreter")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, seconds (CPU interpreter; see --device)")
+    add_device_option(p)
     p.add_argument("--seeds", type=int, default=8)
     args = p.parse_args(argv)
 
-    import os
-
-    if args.smoke or not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    device = bench_device(args)  # before any kernel module is imported
     from gdn_lab import aiter
     from gdn_lab.environment import fingerprint
     from gdn_lab.experiments.compare import compare
@@ -49,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     from gdn_lab.ops.batch import AttentionShape, BuildOptions
     from gdn_lab.workloads import build, make_batch, target_request
 
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
     shape = AttentionShape(32, 8, 128, 16) if device.type == "cuda" else AttentionShape(4, 2, 16, 16)
     targets = [1025, 2000, 4000, 7000] if device.type == "cuda" else [1100]

@@ -22,6 +22,13 @@ def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
+def _div_rn(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """x / divisor correctly rounded on every device. On CUDA, torch divides by a Python scalar as a
+    multiply by its reciprocal, 1 ulp off for some x (measured on an H200: amax / 448); a tensor
+    divisor is a true division, as on the CPU and in the lab's fp8 kernels (div_rn)."""
+    return x / torch.full_like(x, divisor)
+
+
 def quantize_per_tensor(x: torch.Tensor, dtype: torch.dtype, scale: float | torch.Tensor | None = None):
     """Quantize a whole tensor with one scale.
 
@@ -35,7 +42,7 @@ def quantize_per_tensor(x: torch.Tensor, dtype: torch.dtype, scale: float | torc
     """
     fmax = fp8_max(dtype)
     if scale is None:
-        s = (x.float().abs().amax().clamp(min=AMAX_FLOOR) / fmax).reshape(1)
+        s = _div_rn(x.float().abs().amax().clamp(min=AMAX_FLOOR), fmax).reshape(1)
     else:
         s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(1)
         if not bool((s > 0).all()):
@@ -60,7 +67,7 @@ def quantize_groups(x: torch.Tensor, dtype: torch.dtype, group: int = FP8_GROUP)
         raise ValueError(f"x: last dim (={n}) must be divisible by group (={group})")
     fmax = fp8_max(dtype)
     xg = x.float().reshape(*x.shape[:-1], n // group, group)
-    scales = xg.abs().amax(-1).clamp(min=AMAX_FLOOR) / fmax
+    scales = _div_rn(xg.abs().amax(-1).clamp(min=AMAX_FLOOR), fmax)
     xq = (xg / scales[..., None]).clamp(-fmax, fmax).to(dtype)
     return xq.reshape(x.shape), scales
 

@@ -90,9 +90,10 @@ def assert_batch_invariant(
     """
     cases = SGLANG_DECODE_CASES if cases is None else cases
     common = {"device": device, "seed": seed}
-    controls = pd.concat(
-        [batch_invariance.run(c, progress=progress) for c in _configs(op, [], True, cases, common)], ignore_index=True
-    )
+    # both sets of configs are built (and validated) before anything runs
+    control_configs = _configs(op, [], True, cases, common)
+    backend_configs = _configs(op, [backend], False, cases, common)
+    controls = pd.concat([batch_invariance.run(c, progress=progress) for c in control_configs], ignore_index=True)
     if controls.empty:
         raise AssertionError(f"insensitive: {op} has no batch-variant control to prove the check can see a difference")
     done = controls[controls.status == "compared"]
@@ -102,10 +103,7 @@ def assert_batch_invariant(
             "none of them ran: " + str(controls.reason.iloc[0]) if done.empty else "they kept their bits in every case"
         )
         raise AssertionError(f"insensitive: {op}'s batch-variant controls ({names}) were not caught; {why}")
-    table = pd.concat(
-        [batch_invariance.run(c, progress=progress) for c in _configs(op, [backend], False, cases, common)],
-        ignore_index=True,
-    )
+    table = pd.concat([batch_invariance.run(c, progress=progress) for c in backend_configs], ignore_index=True)
     uncovered = table[table.status != "compared"]
     if not uncovered.empty:
         r = uncovered.iloc[0]

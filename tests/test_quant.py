@@ -50,3 +50,16 @@ def test_bad_quant_input():
         quantize_groups(torch.ones(2, 100), torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="scale: must be > 0"):
         quantize_per_tensor(torch.ones(2), torch.float8_e4m3fn, 0.0)
+
+
+def test_scales_are_correctly_rounded_on_the_device(device):
+    """amax / fp8_max rounded once (a float64 quotient of float32s rounds to float32 exactly as IEEE
+    division does): on CUDA, torch's division by a Python scalar is a multiply by its reciprocal."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 1024, generator=g) * torch.rand(64, 1, generator=g) * 8).to(device)
+    fmax = fp8_max(torch.float8_e4m3fn)
+    _, scales = quantize_groups(x, torch.float8_e4m3fn)
+    want = (x.reshape(64, 8, 128).abs().amax(-1).double() / fmax).float()
+    assert torch.equal(scales, want)
+    _, s = quantize_per_tensor(x, torch.float8_e4m3fn)
+    assert torch.equal(s, (x.abs().amax().double() / fmax).float().reshape(1))

@@ -11,6 +11,7 @@ plain path entry).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,17 @@ def _copy_sources(dest: Path) -> None:
         (dest / folder).mkdir(parents=True, exist_ok=True)
         for f in (ROOT / folder).glob(pattern):
             shutil.copy2(f, dest / folder / f.name)
+
+
+def _outside_env(home: Path, venv: Path) -> dict[str, str]:
+    """A bare environment for the installed wheel: its venv's bin first, and of this session's
+    PYTHONPATH and JUPYTER_PATH (a machine whose packages come from them) all but the checkout."""
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(home)}
+    for name in ("PYTHONPATH", "JUPYTER_PATH"):
+        keep = [p for p in os.environ.get(name, "").split(os.pathsep) if p and Path(p).resolve() != ROOT]
+        if keep:
+            env[name] = os.pathsep.join(keep)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +95,14 @@ def test_installed_wheel_runs_notebook_00_from_any_directory(wheel, tmp_path):
     )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    env = _outside_env(tmp_path, venv)
     where = subprocess.run(
         [str(python), "-c", "import gdn_lab.package_data as p; print(p.PACKAGE); print(p.path('presets'))"],
         capture_output=True,
         text=True,
         check=True,
         cwd=elsewhere,
+        env=env,
     ).stdout.split()
     assert Path(where[0]).is_relative_to(site) and where[1].endswith("gdn_lab/_data/presets"), where
     out = tmp_path / "run"
@@ -98,7 +112,7 @@ def test_installed_wheel_runs_notebook_00_from_any_directory(wheel, tmp_path):
         text=True,
         timeout=600,
         cwd=elsewhere,
-        env={"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)},
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"{out}/index.html"

@@ -83,17 +83,20 @@ def grid_args(prefix: str, dtype: torch.dtype) -> dict[str, float | int]:
 
 @triton.jit
 def round_rne(x, MANT: tl.constexpr, TINY: tl.constexpr, MAGIC: tl.constexpr):
-    """x rounded to the nearest value with MANT mantissa bits (ties to even), still in float32."""
+    """x rounded to the nearest value with MANT mantissa bits (ties to even), still in float32; the
+    sign is kept, also of a value that rounds to zero (-0.0, as torch's casts give)."""
     if MANT < 23:
         SHIFT: tl.constexpr = 23 - MANT
-        ax = tl.abs(x)
-        bits = ax.to(tl.int32, bitcast=True)
+        signed = x.to(tl.int32, bitcast=True)
+        mag = signed & 0x7FFFFFFF
+        ax = mag.to(tl.float32, bitcast=True)
         # round-half-even on the bits: the carry moves into the exponent when the mantissa overflows
-        bits = ((bits + ((1 << (SHIFT - 1)) - 1) + ((bits >> SHIFT) & 1)) >> SHIFT) << SHIFT
+        bits = ((mag + ((1 << (SHIFT - 1)) - 1) + ((mag >> SHIFT) & 1)) >> SHIFT) << SHIFT
         normal = bits.to(tl.float32, bitcast=True)
         subnormal = (ax + MAGIC) - MAGIC  # the float32 add rounds to the subnormal spacing
-        r = tl.where(ax < TINY, subnormal, normal)
-        x = tl.where(x < 0, -r, r)
+        r = tl.where(ax < TINY, subnormal, normal).to(tl.int32, bitcast=True)
+        # the sign bit put back by bits: a GPU's -r is 0 - r, which makes -0.0 of 0.0 +0.0
+        x = (r | (signed ^ mag)).to(tl.float32, bitcast=True)
     return x
 
 

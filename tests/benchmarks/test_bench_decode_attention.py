@@ -1,4 +1,4 @@
-"""benchmarks/bench_decode_attention.py --smoke: the whole script on tiny shapes (CPU interpreter)."""
+"""benchmarks/bench_decode_attention.py --smoke: the whole script on tiny shapes, on the test device."""
 
 import csv
 import importlib.util

@@ -1,4 +1,7 @@
-"""benchmarks/bench_gdn_decode.py --smoke: the whole script on tiny shapes (CPU interpreter)."""
+"""benchmarks/bench_gdn_decode.py --smoke: the whole script on tiny shapes, on the test device.
+
+The control's variance at B=13 is asserted where it was measured at these shapes: the CPU interpreter.
+"""
 
 import csv
 import importlib.util
@@ -7,7 +10,7 @@ import pytest
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-def test_smoke(tmp_path, run_smoke):
+def test_smoke(tmp_path, run_smoke, device):
     run_smoke("bench_gdn_decode.py", "--smoke", "--out", str(tmp_path))
     with (tmp_path / "bench_gdn_decode.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -16,7 +19,7 @@ def test_smoke(tmp_path, run_smoke):
     host = [r for r in rows if r["kind"] == "host"]
     assert {"bare kernel[grid]", "public triton", "public auto", "public triton - bare"} <= {r["impl"] for r in host}
     assert all(r["target_met"] in ("True", "False") for r in host if r["impl"] == "public triton - bare")
-    assert all(r["env_torch"] and r["env_triton_interpret"] == "True" for r in rows)
+    assert all(r["env_torch"] and r["env_triton_interpret"] == str(device.type == "cpu") for r in rows)
     timing = [r for r in rows if r["kind"] == "timing"]
     assert {"triton-public", "triton-wrapper"} <= {r["impl"] for r in timing}
     assert all(float(r["us"]) > 0 for r in timing)
@@ -24,6 +27,7 @@ def test_smoke(tmp_path, run_smoke):
     assert all(float(r["max_abs_vs_ref"]) < 2e-2 and float(r["state_max_abs_vs_ref"]) < 1e-4 for r in ours)
     inv = {r["impl"]: r["bitwise_equal"] for r in rows if r["kind"] == "invariance"}
     assert inv["triton"] == "True" and all(v == "True" for k, v in inv.items() if "k_split=" in k)
-    assert inv["triton-ksplit-by-batch"] == "False", "the control must be caught at B=13"
+    if device.type == "cpu":
+        assert inv["triton-ksplit-by-batch"] == "False", "the control must be caught at B=13"
     if importlib.util.find_spec("fla") is not None:
         assert inv["fla"] == "True" and {"fla-gate", "fla-pre"} <= {r["impl"] for r in timing}

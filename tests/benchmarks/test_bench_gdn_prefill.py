@@ -1,4 +1,7 @@
-"""benchmarks/bench_gdn_prefill.py --smoke: the whole script on tiny shapes (CPU interpreter)."""
+"""benchmarks/bench_gdn_prefill.py --smoke: the whole script on tiny shapes, on the test device.
+
+The controls' variance is asserted where it was measured at these shapes: the CPU interpreter.
+"""
 
 import csv
 import importlib.util
@@ -7,11 +10,11 @@ import pytest
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-def test_smoke(tmp_path, run_smoke):
+def test_smoke(tmp_path, run_smoke, device):
     run_smoke("bench_gdn_prefill.py", "--smoke", "--out", str(tmp_path))
     with (tmp_path / "bench_gdn_prefill.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert all(r["env_torch"] and r["env_triton_interpret"] == "True" for r in rows)
+    assert all(r["env_torch"] and r["env_triton_interpret"] == str(device.type == "cpu") for r in rows)
     timing = [r for r in rows if r["kind"] == "timing"]
     assert {(r["op"], r["impl"]) for r in timing} >= {
         ("gdn_layer_prefill", "triton-fused"),
@@ -21,7 +24,10 @@ def test_smoke(tmp_path, run_smoke):
     }
     assert all(float(r["us"]) > 0 and float(r["tokens_per_s"]) > 0 for r in timing)
     ours = [r for r in timing if r["impl"].startswith("triton")]
-    assert all(float(r["rel_mae_vs_ref"]) < 1e-2 and float(r["state_max_abs_vs_ref"]) < 1e-4 for r in ours)
+    # the state: fp32 under the interpreter; TF32 dots on a GPU (the committed H200 run's worst: 2.8e-3)
+    state_tol = 1e-4 if device.type == "cpu" else 1e-2
+    assert all(float(r["rel_mae_vs_ref"]) < 1e-2 and float(r["state_max_abs_vs_ref"]) < state_tol for r in ours)
     inv = {r["impl"]: r["bitwise_equal"] for r in rows if r["kind"] == "invariance"}
     assert inv["triton-fused"] == "True" and inv["triton"] == "True"
-    assert inv["triton-fused-tiles-by-batch"] == "False" and inv["triton-chunk-by-batch"] == "False"
+    controls = {inv["triton-fused-tiles-by-batch"], inv["triton-chunk-by-batch"]}
+    assert controls == {"False"} if device.type == "cpu" else controls <= {"True", "False"}

@@ -183,9 +183,12 @@ def test_hf_qwen3_modes_and_control():
     ctrl = t[t.is_control & t.traced]
     assert ctrl.control_named.all() and (ctrl.culprit_backend == "torch-splitk-by-batch").all()
     # the padded prefill is compared per request (padding left out): the embedding's output is equal
+    # (what else runs before layer 0 depends on the transformers version: some versions hash rotary's
+    # [N, 1, T] position ids per request, padding included, and see them change, with their inputs)
     mixed = res.layers[(res.layers["mode"] == "mixed") & ~res.layers.is_control.astype(bool)]
     step0 = mixed[(mixed.step == 0) & (mixed.layer_label == "embed")]
-    assert not step0.empty and (step0.outputs_changed == 0).all()
+    assert not step0.empty and (step0.culprits == 0).all()
+    assert not step0.first_changed.str.startswith("model.embed_tokens").any()
     for r in t[t.traced & (t.n_culprits > 0)].itertuples():  # whatever changed is named where it ran
         assert r.culprit_kind in ("function", "lab_op") and isinstance(r.module_culprit, str)
 

