@@ -16,8 +16,8 @@ row's bits follow M, the number of rows (tokens) in the launch, where the table 
 
 Contract (`covered`): x where Triton runs; fp16 or bf16 (AITER's 16-bit contract; bf16 not under
 the CPU interpreter, whose tl.dot gets bf16 wrong), or fp32 (outside AITER's name but its kernel
-takes it: an fp32 accumulator over `tl.dot(..., input_precision="ieee")`; for CPU tests); and a
-config entry for M in the table (AITER raises KeyError where a table has none). Not picked by
+takes it: an fp32 accumulator over `tl.dot(..., input_precision="ieee")`; for CPU tests); M >= 1;
+and a config entry for M in the table (AITER raises KeyError where a table has none). Not picked by
 `auto`: name it.
 """
 
@@ -72,6 +72,8 @@ def covered(args: Mapping[str, Any]) -> Check:
     if x.dtype == torch.bfloat16 and x.device.type == "cpu" and interpreting():
         return False, "bf16 under Triton's CPU interpreter: its tl.dot computes bf16 wrongly; use fp16 or fp32"
     m, k, n = x.shape[0], w.shape[0], w.shape[1]
+    if m == 0:
+        return False, "an empty batch (M=0): gemm_a16w16's config lookup takes M >= 1"
     arch = aiter.effective_arch(x.device)
     try:
         cfg = aiter_gemm_a16w16.get_config(m, n, k, arch)
