@@ -25,7 +25,7 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 setup: $(VENV)/.installed
 
 suite: setup
-	$(BIN)/gdn-lab run --preset cpu-smoke --out runs/cpu-smoke
+	$(BIN)/gdn-lab run --preset cpu-smoke --jobs 2 --out runs/cpu-smoke
 
 test: setup
 	$(BIN)/python -m pytest -q

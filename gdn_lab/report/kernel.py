@@ -11,13 +11,15 @@
     shutdown request, and when that signal lands while ipykernel is still inside a message handler
     (the last cell's reply), the kernel logs "KeyboardInterrupt caught in kernel" after a notebook
     that finished normally;
-  - it keeps a registry of live kernels, so an interrupted run (Ctrl-C) stops its kernel
-    (`kill_live_kernels`) instead of leaving it to notice its parent is gone.
+  - it keeps a registry of live kernels, so an interrupted run (Ctrl-C) stops its kernels
+    (`kill_live_kernels`) instead of leaving them to notice their parent is gone; after that, a
+    kernel a parallel run (`--jobs`) was about to start is refused until `allow_kernels()`.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +34,7 @@ from gdn_lab.report.io import atomic_write_json
 KERNEL_NAME = "python3"
 ENCRYPTED = zmq.has("curve")
 _live: weakref.WeakSet[SuiteKernelManager] = weakref.WeakSet()
+_stopped = threading.Event()  # set by kill_live_kernels: no new kernel starts until allow_kernels()
 
 
 def kernelspec(folder: Path, env: Mapping[str, str]) -> Path:
@@ -62,8 +65,13 @@ class SuiteKernelManager(AsyncKernelManager):
         return "required" if ENCRYPTED else "disabled"
 
     async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
+        if _stopped.is_set():
+            raise RuntimeError("the run was interrupted: no new kernel starts")
         await super().start_kernel(**kw)
         _live.add(self)
+        if _stopped.is_set():  # interrupted while this one started
+            kill_live_kernels()
+            raise RuntimeError("the run was interrupted: no new kernel starts")
 
     async def _async_interrupt_kernel(self) -> None:
         if self.shutting_down:  # every cell has run; a SIGINT now can only produce a spurious error log
@@ -71,8 +79,15 @@ class SuiteKernelManager(AsyncKernelManager):
         await super()._async_interrupt_kernel()
 
 
+def allow_kernels() -> None:
+    """Let kernels start again (a run begins) after an interrupted one."""
+    _stopped.clear()
+
+
 def kill_live_kernels() -> int:
-    """Kill the kernel processes this process started and has not shut down (after Ctrl-C); returns how many."""
+    """Kill the kernel processes this process started and has not shut down (after Ctrl-C), and
+    refuse new ones until `allow_kernels()`; returns how many were killed."""
+    _stopped.set()
     killed = 0
     for km in list(_live):
         process = getattr(km.provisioner, "process", None) if km.provisioner is not None else None

@@ -23,8 +23,9 @@ are what papermill injects, so the executed notebook shows exactly what ran.
 A notebook that fails is recorded with its error (its partial notebook and HTML are kept) and the
 others still run. A run into a directory that holds an earlier run of the same preset keeps the
 earlier notebooks in its index, marked as from another run; `resume=True` also skips the notebooks
-that are already ok there with the same parameters, code and environment. Ctrl-C stops the kernel,
-records the notebook as interrupted and raises KeyboardInterrupt; a run killed outright leaves a
+that are already ok there with the same parameters, code and environment. `jobs=N` runs N
+notebooks at once, each in its own kernel. Ctrl-C stops the kernels, records the notebooks that
+were running as interrupted and raises KeyboardInterrupt; a run killed outright leaves a
 summary whose state is "running" with the partial notebook linked, which the index reports as
 incomplete.
 """
@@ -32,6 +33,7 @@ incomplete.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -39,13 +41,15 @@ import socket
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import yaml
 
@@ -56,7 +60,7 @@ from gdn_lab.report import presets as presets_mod
 from gdn_lab.report import provenance, quiet
 from gdn_lab.report.html import index_html, notebook_to_html
 from gdn_lab.report.io import HEADLINE_FILE, atomic_write_json, atomic_write_text, read_headline, read_json
-from gdn_lab.report.kernel import KERNEL_NAME, SuiteKernelManager, kernelspec, kill_live_kernels
+from gdn_lab.report.kernel import KERNEL_NAME, SuiteKernelManager, allow_kernels, kernelspec, kill_live_kernels
 from gdn_lab.report.notebook import CONFIG_FILE
 
 NOTEBOOK_DIR = package_data.path("notebooks")
@@ -430,11 +434,31 @@ def _files(name: str, out: Path, partial: bool = False) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def suite_kernel(device_type: str, folder: Path | None = None) -> Iterator[Path]:
+    """The suite's kernelspec (`kernelspec`, with `kernel_env`) in `folder` (default: a temporary
+    one) and on JUPYTER_PATH while inside; one for every notebook of a run (they share its device)."""
+    with tempfile.TemporaryDirectory(prefix="gdn-lab-kernel-") as tmp:
+        where = folder or Path(tmp)
+        kernelspec(where, kernel_env(device_type))
+        with _environ(JUPYTER_PATH=os.pathsep.join(x for x in (str(where), os.environ.get("JUPYTER_PATH")) if x)):
+            yield where
+
+
 def run_notebook(
-    nb: NotebookPlan, out: Path, log: IO[str], result: NotebookResult | None = None, kernel_dir: Path | None = None
+    nb: NotebookPlan,
+    out: Path,
+    log: IO[str],
+    result: NotebookResult | None = None,
+    kernel_dir: Path | None = None,
+    name_in_log: bool = False,
 ) -> NotebookResult:
     """Execute one notebook into `out`, render its HTML, read its headline. Never raises on a failure
-    inside the notebook (KeyboardInterrupt still propagates)."""
+    inside the notebook (KeyboardInterrupt still propagates).
+
+    kernel_dir: a `suite_kernel` already in place (None: one just for this notebook).
+    name_in_log: start the result line with the notebook's name (notebooks running side by side).
+    """
     import papermill
 
     result = result or NotebookResult(nb.name, parameters=nb.parameters)
@@ -442,21 +466,20 @@ def run_notebook(
     # a rerun into the same directory must not report an earlier run's tables or headline
     for stale in [executed, page, *(tables / f for f in RUN_FILES), *tables.glob("*.csv")]:
         stale.unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(prefix="gdn-lab-kernel-") as tmp:
-        folder = kernel_dir or Path(tmp)
-        kernelspec(folder, kernel_env(nb.config.torch_device.type))
+    with contextlib.ExitStack() as stack:
+        if kernel_dir is None:
+            stack.enter_context(suite_kernel(nb.config.torch_device.type))
         start = time.monotonic()
         try:
-            with _environ(JUPYTER_PATH=os.pathsep.join(x for x in (str(folder), os.environ.get("JUPYTER_PATH")) if x)):
-                papermill.execute_notebook(
-                    str(nb.path),
-                    str(executed),
-                    parameters=nb.parameters,
-                    kernel_name=KERNEL_NAME,
-                    progress_bar=False,
-                    cwd=str(out),
-                    kernel_manager_class=SuiteKernelManager,
-                )
+            papermill.execute_notebook(
+                str(nb.path),
+                str(executed),
+                parameters=nb.parameters,
+                kernel_name=KERNEL_NAME,
+                progress_bar=False,
+                cwd=str(out),
+                kernel_manager_class=SuiteKernelManager,
+            )
             result.status = "ok"
         except Exception as exc:  # the failure is the result: recorded, the suite goes on
             result.status, result.error = "failed", _error_text(exc)
@@ -474,8 +497,30 @@ def run_notebook(
             result.error = (result.error + "\n" if result.error else "") + f"HTML export failed: {exc}"
     result.files = _files(nb.name, out)
     said = result.headline or next(iter((result.error or "").splitlines()), "")
-    print(f"  {result.status} in {result.duration_s:.1f} s: {said}", file=log, flush=True)
+    who = f"{nb.name}: " if name_in_log else ""
+    _say(log, f"  {who}{result.status} in {result.duration_s:.1f} s: {said}")
     return result
+
+
+class _Progress:
+    """The progress log as the notebooks of a run see it: silent once the run is interrupted (a
+    notebook running beside the interrupted one still winds down)."""
+
+    def __init__(self, log: IO[str], stopped: threading.Event) -> None:
+        self.log, self.stopped = log, stopped
+
+    def write(self, text: str) -> None:
+        if not self.stopped.is_set():
+            self.log.write(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+
+
+def _say(log: IO[str], line: str) -> None:
+    """One progress line in one write, so lines of notebooks running side by side do not interleave."""
+    log.write(line + "\n")
+    log.flush()
 
 
 def _process_alive(run: Mapping[str, Any]) -> bool:
@@ -611,6 +656,7 @@ def run_suite(
     notebook_dir: Path | None = None,
     log: IO[str] | None = None,
     resume: bool = False,
+    jobs: int = 1,
 ) -> Summary:
     """Run the suite (see the module docstring).
 
@@ -625,6 +671,8 @@ def run_suite(
         log: progress lines go here (default: stderr).
         resume: skip the notebooks already ok in `out` with the same parameters, code and
             environment (the earlier run's `-p` values apply unless given again).
+        jobs: how many notebooks run at once, each in its own kernel (the tables are the same; on
+            a CPU each kernel mostly keeps one core busy).
 
     Returns:
         The Summary (also in <out>/summary.json); `summary.failed()` lists this run's notebooks
@@ -635,6 +683,8 @@ def run_suite(
         KeyboardInterrupt: Ctrl-C; the summary says interrupted and the kernel is stopped.
     """
     log = log or sys.stderr
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise RunError(f"--jobs: expected an int >= 1, got {jobs!r}")
     p, notebooks, plans, run_dir, dest, ov = prepare(
         preset, only=only, overrides=overrides, out=out, archive_to=archive_to, notebook_dir=notebook_dir, resume=resume
     )
@@ -675,13 +725,41 @@ def run_suite(
     write_summary(summary, run_dir)
     print(f"gdn-lab run: preset {p.name}, {len(plans)} notebooks into {run_dir}", file=log, flush=True)
 
-    def put(result: NotebookResult) -> None:
-        summary.notebooks = [result if r.name == result.name else r for r in summary.notebooks]
-        summary.runs = {k: v for k, v in runs.items() if k in {r.run_id for r in summary.notebooks} | {run["id"]}}
-        write_summary(summary, run_dir)
+    lock, stopped = threading.Lock(), threading.Event()
+    progress = cast(IO[str], _Progress(log, stopped))
 
+    def put(result: NotebookResult) -> None:
+        with lock:  # notebooks running side by side report into one summary
+            if stopped.is_set():  # interrupted: the handler below has the last word
+                return
+            summary.notebooks = [result if r.name == result.name else r for r in summary.notebooks]
+            summary.runs = {k: v for k, v in runs.items() if k in {r.run_id for r in summary.notebooks} | {run["id"]}}
+            write_summary(summary, run_dir)
+
+    def execute(i: int, nb: NotebookPlan, redo: str, kernel_dir: Path) -> None:
+        if stopped.is_set():
+            return
+        _say(progress, f"[{i + 1}/{len(plans)}] {nb.name}{redo}")
+        result = NotebookResult(
+            nb.name,
+            status="running",
+            run_id=run["id"],
+            started=_now(),
+            config=params_mod.config_name(type(nb.config)),
+            parameters=nb.parameters,
+            code_version=nb.code_version,
+            source_version=run["code"]["source"],
+            environment=env,
+            files={"ipynb": f"{nb.name}.ipynb", "html": None, "tables": [], "partial": True},
+        )
+        put(result)
+        put(run_notebook(nb, run_dir, progress, result, kernel_dir, name_in_log=jobs > 1))
+
+    allow_kernels()
+    pool = ThreadPoolExecutor(jobs, thread_name_prefix="gdn-lab-notebook") if jobs > 1 else None
     try:
-        with atomic_notebook_writes(run_dir):
+        with atomic_notebook_writes(run_dir), suite_kernel(device.type) as kernel_dir:
+            todo = []
             for i, nb in enumerate(plans):
                 skip, why = _skip_reason(earlier.get(nb.name), nb, env) if resume else (False, "")
                 if skip:
@@ -690,33 +768,40 @@ def run_suite(
                     kept_result.note = f"skipped on resume: {why}"
                     put(kept_result)
                     continue
-                redo = f" (rerun: {why})" if resume and nb.name in earlier else ""
-                print(f"[{i + 1}/{len(plans)}] {nb.name}{redo}", file=log, flush=True)
-                result = NotebookResult(
-                    nb.name,
-                    status="running",
-                    run_id=run["id"],
-                    started=_now(),
-                    config=params_mod.config_name(type(nb.config)),
-                    parameters=nb.parameters,
-                    code_version=nb.code_version,
-                    source_version=run["code"]["source"],
-                    environment=env,
-                    files={"ipynb": f"{nb.name}.ipynb", "html": None, "tables": [], "partial": True},
-                )
-                put(result)
-                put(run_notebook(nb, run_dir, log, result))
+                todo.append((i, nb, f" (rerun: {why})" if resume and nb.name in earlier else ""))
+            if pool is None:
+                for i, nb, redo in todo:
+                    execute(i, nb, redo, kernel_dir)
+            else:
+                for future in [pool.submit(execute, i, nb, redo, kernel_dir) for i, nb, redo in todo]:
+                    future.result()  # Ctrl-C lands here, in the main thread
     except KeyboardInterrupt:
         with _sigint_ignored():
+            with lock:
+                stopped.set()
+                running = [r for r in summary.notebooks if r.status == "running"]
             kill_live_kernels()
-            for r in summary.notebooks:
-                if r.status == "running":
-                    r.status, r.error = "interrupted", "interrupted (Ctrl-C)"
-                    r.finished = _now()
-                    r.files = _files(r.name, run_dir, partial=True)
+            if pool is not None:  # the notebooks beside it see their kernels die and end, quietly
+                papermill_log = logging.getLogger("papermill")
+                papermill_log.disabled = True
+                try:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                finally:
+                    papermill_log.disabled = False
+            for r in running:  # what a notebook that saw its kernel die wrote of itself is overruled
+                r.status, r.error = "interrupted", "interrupted (Ctrl-C)"
+                r.finished = _now()
+                page = run_dir / f"{r.name}.html"
+                if page.exists():  # rendered by a notebook that wound down beside: its banner said failed
+                    with contextlib.suppress(Exception):
+                        notebook_to_html(run_dir / f"{r.name}.ipynb", page, banner=asdict(r))
+                r.files = _files(r.name, run_dir, partial=True)
             run["state"], run["finished"] = "interrupted", _now()
             write_summary(summary, run_dir)
         raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
     run["state"], run["finished"] = "complete", _now()
     write_summary(summary, run_dir)
     if dest is not None:

@@ -4,6 +4,7 @@ executed notebook is a whole file, and `--resume` finishes the run."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,22 +75,43 @@ def sleepy(tmp_path, tiny_config, notebook):
     return nbs, preset
 
 
+def wait_until_ok(out, name, proc, timeout=120):
+    """Until summary.json says notebook `name` is ok."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        done = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+        if any(nb["name"] == name and nb["status"] == "ok" for nb in done.get("notebooks", [])):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never finished")
+
+
 @pytest.mark.slow
-def test_ctrl_c_prints_one_line_exits_130_and_stops_the_kernel(sleepy, tmp_path):
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_ctrl_c_prints_one_line_exits_130_and_stops_the_kernel(sleepy, tmp_path, jobs):
+    """With --jobs 2, 01 and 02 start together and 03 runs beside the sleeping 02: Ctrl-C after 03
+    finished leaves it ok."""
     nbs, preset = sleepy
     out = tmp_path / "run"
-    proc = start(nbs, preset, out)
+    proc = start(nbs, preset, out, "--jobs", jobs)
     kernel, _ = wait_until_sleeping(out, "02_sleepy", proc)
+    if jobs == "2":
+        wait_until_ok(out, "03_last", proc)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    lines = [line for line in err.splitlines() if not line.startswith(("gdn-lab run: preset", "[", "  ok in"))]
+    progress = re.compile(r"gdn-lab run: preset|\[\d/3\] |  (\d\d_\w+: )?ok in ")
+    lines = [line for line in err.splitlines() if not progress.match(line)]
     assert lines == [f"gdn-lab run: interrupted; what finished is in {out}/index.html"], err
     assert wait_dead(kernel), "the kernel is stopped with the run"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["state"] == "interrupted"
-    assert [nb["status"] for nb in summary["notebooks"]] == ["ok", "interrupted", "not run"]
+    want = ["ok", "interrupted", "not run"] if jobs == "1" else ["ok", "interrupted", "ok"]
+    assert [nb["status"] for nb in summary["notebooks"]] == want
+    page = out / "02_sleepy.html"
+    assert not page.exists() or "DeadKernelError" not in page.read_text(), "the report says interrupted"
     assert summary["notebooks"][1]["files"]["partial"] and "notebook (partial)" in (out / "index.html").read_text()
 
 

@@ -178,7 +178,7 @@ def test_interrupted_run_keeps_what_finished(suite, tmp_path, monkeypatch):
     nbs, preset = suite
     calls = []
 
-    def fake(nb, out, log, result=None, kernel_dir=None):
+    def fake(nb, out, log, result=None, kernel_dir=None, **_):
         calls.append(nb.name)
         if len(calls) == 2:
             raise KeyboardInterrupt
@@ -216,3 +216,44 @@ def test_every_preset_is_consistent_with_the_notebooks(tmp_path):
 def test_notebook_result_reads_older_summaries():
     old = {"name": "x", "status": "ok", "duration_s": 1.0, "headline": "h", "parameters": {}, "files": {}, "gone": 1}
     assert NotebookResult.from_dict(old).headline == "h"
+
+
+STAMP = (
+    "import json, pathlib, time\n"
+    "start = time.time(); time.sleep(2.0)\n"
+    "pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)\n"
+    "pathlib.Path(out_dir, 'span.json').write_text(json.dumps([start, time.time()]))"
+)
+
+
+@pytest.mark.slow
+def test_jobs_run_notebooks_side_by_side(tmp_path, tiny_config, notebook, monkeypatch, capsys):
+    """--jobs 2: two kernels at once (their busy spans overlap), the same statuses and tables as one
+    at a time, and every progress line whole."""
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    for name in ("01_a", "02_b", "03_c"):
+        notebook.write(nbs / f"{name}.ipynb", STAMP, notebook.ok)
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text("parameters:\n  device: cpu\n  value: 4\n")
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbs)
+    out = tmp_path / "run"
+    assert cli.main(["run", "--preset", str(preset), "--out", str(out), "--jobs", "2"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert sorted(line for line in err if line.startswith("[")) == ["[1/3] 01_a", "[2/3] 02_b", "[3/3] 03_c"]
+    assert sorted(line.split(":")[0] for line in err if line.startswith("  ")) == ["  01_a", "  02_b", "  03_c"]
+    spans = {n: json.loads((out / n / "span.json").read_text()) for n in ("01_a", "02_b", "03_c")}
+    (a0, a1), (b0, b1) = spans["01_a"], spans["02_b"]
+    assert a0 < b1 and b0 < a1, f"01 and 02 did not run at the same time: {spans}"
+    summary = json.loads((out / "summary.json").read_text())
+    assert [nb["status"] for nb in summary["notebooks"]] == ["ok", "ok", "ok"] and summary["state"] == "complete"
+    assert all(nb["headline"] == "value is 4" for nb in summary["notebooks"])
+
+
+@pytest.mark.parametrize("jobs", ["0", "-1"])
+def test_jobs_must_be_positive(jobs, suite, tmp_path, capsys):
+    nbs, preset = suite
+    out = tmp_path / "never"
+    assert cli.main(["run", "--preset", str(preset), "--out", str(out), "--jobs", jobs]) == 2
+    assert f"--jobs: expected an int >= 1, got {jobs}" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,6 +1,7 @@
 """The whole cpu-smoke suite through the runner (once per module), asserted on the tables it wrote.
 
-This is what `make suite` runs: every notebook on the CPU (Triton's interpreter, tiny shapes).
+This is what `make suite` runs: every notebook on the CPU (Triton's interpreter, tiny shapes), two
+at a time.
 """
 
 import html
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu-smoke")
-    summary = run_suite("cpu-smoke", out=out)
+    summary = run_suite("cpu-smoke", out=out, jobs=2)
     return out, summary
 
 
