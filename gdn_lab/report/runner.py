@@ -435,14 +435,13 @@ def _files(name: str, out: Path, partial: bool = False) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def suite_kernel(device_type: str, folder: Path | None = None) -> Iterator[Path]:
-    """The suite's kernelspec (`kernelspec`, with `kernel_env`) in `folder` (default: a temporary
-    one) and on JUPYTER_PATH while inside; one for every notebook of a run (they share its device)."""
+def suite_kernel(device_type: str) -> Iterator[Path]:
+    """The suite's kernelspec (`kernelspec`, with `kernel_env`) in a temporary folder, on
+    JUPYTER_PATH while inside; one for every notebook of a run (they share its device)."""
     with tempfile.TemporaryDirectory(prefix="gdn-lab-kernel-") as tmp:
-        where = folder or Path(tmp)
-        kernelspec(where, kernel_env(device_type))
-        with _environ(JUPYTER_PATH=os.pathsep.join(x for x in (str(where), os.environ.get("JUPYTER_PATH")) if x)):
-            yield where
+        kernelspec(Path(tmp), kernel_env(device_type))
+        with _environ(JUPYTER_PATH=os.pathsep.join(x for x in (tmp, os.environ.get("JUPYTER_PATH")) if x)):
+            yield Path(tmp)
 
 
 def run_notebook(
@@ -680,7 +679,7 @@ def run_suite(
 
     Raises:
         RunError: bad input, before anything runs.
-        KeyboardInterrupt: Ctrl-C; the summary says interrupted and the kernel is stopped.
+        KeyboardInterrupt: Ctrl-C; the summary says interrupted and the kernels are stopped.
     """
     log = log or sys.stderr
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:

@@ -1,10 +1,11 @@
 """How the benchmark tests run a script: the `run_smoke` fixture, `run_smoke("bench_x.py", *args)`.
 
 A script's `--smoke` mode runs tiny shapes on the session's device (tests/conftest.py): on the CPU
-under Triton's interpreter, on a GPU compiled (`--device cuda`; the GPU machine's Triton 3.6
-interpreter cannot run these kernels under its numpy). Triton fixes a kernel's mode when the kernel
-is decorated, so the script runs in its own process, with this session's TRITON_INTERPRET, and its
-import path in front of the checkout (a machine whose packages come from PYTHONPATH keeps them).
+under Triton's interpreter, on a GPU compiled (`--device cuda`; the H200 machine's Triton 3.6
+interpreter fails on loop bounds read from memory, `int()` of a one-element array). Triton fixes a
+kernel's mode when the kernel is decorated, so the script runs in its own process, with this
+session's TRITON_INTERPRET, and its import path in front of the checkout (a machine whose packages
+come from PYTHONPATH keeps them).
 """
 
 from __future__ import annotations

@@ -210,6 +210,8 @@ CASES = [
     ('--archive inside the run', [*RUN, '--archive', '{never}/run.tar.gz'], 2, 'is inside the run directory'),
     ('--archive under a file', [*RUN, '--archive', '{file}/run.tar.gz'], 2, '--archive: {file} exists and is not a directory'),
     ('--resume missing', ['run', '--resume', '{tmp}/missing'], 2, '--resume: {tmp}/missing holds no run to resume'),
+    ('--jobs 0', [*RUN, '--jobs', '0'], 2, '--jobs: expected an int >= 1, got 0'),
+    ('--jobs not a number', [*RUN, '--jobs', 'two'], 2, "argument --jobs: invalid int value: 'two'"),
     ('--resume and another --out', ['run', *CPU, '--resume', '{run}', '--out', '{tmp}/other'], 2, '--resume {run} and --out {tmp}/other differ'),
     ('--resume a folder with a foreign summary', ['run', *CPU, '--resume', '{foreign}'], 2, 'summary.json is not a gdn-lab summary'),
     # --- gdn-lab invariance -------------------------------------------------------------------

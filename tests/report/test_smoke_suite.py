@@ -17,7 +17,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, device):
+    if device.type != "cpu":
+        # the preset's kernels run in Triton's interpreter, and the H200 machine's (Triton 3.6) fails on
+        # their loop bounds read from memory; a GPU machine runs its own preset (data/runs/h200-*)
+        pytest.skip("the cpu-smoke suite is the CPU session's (Triton's interpreter); this device runs its own preset")
     out = tmp_path_factory.mktemp("cpu-smoke")
     summary = run_suite("cpu-smoke", out=out, jobs=2)
     return out, summary
