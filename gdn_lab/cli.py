@@ -185,12 +185,11 @@ def _run_epilog() -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from gdn_lab.report.io import read_json
-    from gdn_lab.report.runner import SUMMARY_FILE, RunError, prepare, run_suite
+    from gdn_lab.report.runner import SUMMARY_FILE, RunError, check_jobs, prepare, run_suite
 
     out, preset = args.out, args.preset
     try:
-        if args.jobs < 1:
-            raise RunError(f"--jobs: expected an int >= 1, got {args.jobs}")
+        check_jobs(args.jobs)
         if args.resume is not None:
             if out is not None and Path(out).resolve() != Path(args.resume).resolve():
                 raise RunError(f"--resume {args.resume} and --out {out} differ: --resume runs into its own directory")

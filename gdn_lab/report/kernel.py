@@ -65,18 +65,22 @@ class SuiteKernelManager(AsyncKernelManager):
         return "required" if ENCRYPTED else "disabled"
 
     async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
-        if _stopped.is_set():
-            raise RuntimeError("the run was interrupted: no new kernel starts")
+        _refuse_if_stopped()
         await super().start_kernel(**kw)
         _live.add(self)
         if _stopped.is_set():  # interrupted while this one started
             kill_live_kernels()
-            raise RuntimeError("the run was interrupted: no new kernel starts")
+        _refuse_if_stopped()
 
     async def _async_interrupt_kernel(self) -> None:
         if self.shutting_down:  # every cell has run; a SIGINT now can only produce a spurious error log
             return
         await super()._async_interrupt_kernel()
+
+
+def _refuse_if_stopped() -> None:
+    if _stopped.is_set():
+        raise RuntimeError("the run was interrupted: no new kernel starts")
 
 
 def allow_kernels() -> None:

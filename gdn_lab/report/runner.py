@@ -383,11 +383,23 @@ def _environ(**values: str | None) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def prepended(variable: str, first: str | os.PathLike) -> str:
+    """The path list in environment variable `variable` with `first` in front (a machine may install
+    its packages or kernelspecs through it, so its entries are kept)."""
+    return os.pathsep.join(x for x in (str(first), os.environ.get(variable)) if x)
+
+
+def check_jobs(jobs: object) -> None:
+    """`jobs` is an int >= 1 (RunError otherwise)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise RunError(f"--jobs: expected an int >= 1, got {jobs!r}")
+
+
 def kernel_env(device_type: str) -> dict[str, str]:
     """The environment a notebook's kernel gets on top of the runner's: this gdn_lab first on
     PYTHONPATH, and TRITON_INTERPRET=1 on the CPU, 0 on a GPU (Triton reads it when a kernel is
     decorated: one mode per process)."""
-    path = os.pathsep.join(x for x in (str(package_data.source_root()), os.environ.get("PYTHONPATH")) if x)
+    path = prepended("PYTHONPATH", package_data.source_root())
     return {"PYTHONPATH": path, "TRITON_INTERPRET": "1" if device_type == "cpu" else "0"}
 
 
@@ -440,7 +452,7 @@ def suite_kernel(device_type: str) -> Iterator[Path]:
     JUPYTER_PATH while inside; one for every notebook of a run (they share its device)."""
     with tempfile.TemporaryDirectory(prefix="gdn-lab-kernel-") as tmp:
         kernelspec(Path(tmp), kernel_env(device_type))
-        with _environ(JUPYTER_PATH=os.pathsep.join(x for x in (tmp, os.environ.get("JUPYTER_PATH")) if x)):
+        with _environ(JUPYTER_PATH=prepended("JUPYTER_PATH", tmp)):
             yield Path(tmp)
 
 
@@ -490,15 +502,21 @@ def run_notebook(
     result.error_rows = int(sum((head or {}).get("error_rows", {}).values()))
     result.warnings = quiet.read(tables)
     if executed.exists():
-        try:
-            notebook_to_html(executed, page, banner=asdict(result))
-        except Exception as exc:  # a rendering failure must not hide the run's own result
-            result.error = (result.error + "\n" if result.error else "") + f"HTML export failed: {exc}"
+        _render(result, out)
     result.files = _files(nb.name, out)
     said = result.headline or next(iter((result.error or "").splitlines()), "")
     who = f"{nb.name}: " if name_in_log else ""
     _say(log, f"  {who}{result.status} in {result.duration_s:.1f} s: {said}")
     return result
+
+
+def _render(result: NotebookResult, out: Path) -> None:
+    """The notebook's HTML report, its banner from `result`; a rendering failure is added to its
+    error instead of hiding the run's own result."""
+    try:
+        notebook_to_html(out / f"{result.name}.ipynb", out / f"{result.name}.html", banner=asdict(result))
+    except Exception as exc:
+        result.error = (result.error + "\n" if result.error else "") + f"HTML export failed: {exc}"
 
 
 class _Progress:
@@ -682,8 +700,7 @@ def run_suite(
         KeyboardInterrupt: Ctrl-C; the summary says interrupted and the kernels are stopped.
     """
     log = log or sys.stderr
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise RunError(f"--jobs: expected an int >= 1, got {jobs!r}")
+    check_jobs(jobs)
     p, notebooks, plans, run_dir, dest, ov = prepare(
         preset, only=only, overrides=overrides, out=out, archive_to=archive_to, notebook_dir=notebook_dir, resume=resume
     )
@@ -790,10 +807,8 @@ def run_suite(
             for r in running:  # what a notebook that saw its kernel die wrote of itself is overruled
                 r.status, r.error = "interrupted", "interrupted (Ctrl-C)"
                 r.finished = _now()
-                page = run_dir / f"{r.name}.html"
-                if page.exists():  # rendered by a notebook that wound down beside: its banner said failed
-                    with contextlib.suppress(Exception):
-                        notebook_to_html(run_dir / f"{r.name}.ipynb", page, banner=asdict(r))
+                if (run_dir / f"{r.name}.html").exists():  # by a notebook that wound down beside: "failed"
+                    _render(r, run_dir)
                 r.files = _files(r.name, run_dir, partial=True)
             run["state"], run["finished"] = "interrupted", _now()
             write_summary(summary, run_dir)

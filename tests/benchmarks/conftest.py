@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_smoke(device):
     """`run_smoke(script, *args)`: the CompletedProcess (its stdout as text) of a script that exited 0
     with `--device` the session's device; a failure shows its stderr."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path)
+    from gdn_lab.report.runner import prepended
+
+    env = dict(os.environ, PYTHONPATH=prepended("PYTHONPATH", ROOT))
 
     def run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
         cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, "--device", device.type]

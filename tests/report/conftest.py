@@ -6,7 +6,6 @@ The runner imports each notebook's Config at plan time and the notebooks' kernel
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import nbformat
@@ -76,7 +75,9 @@ def tiny_config(tmp_path, monkeypatch):
     (mod / "tiny_config.py").write_text(textwrap.dedent(CONFIG_MODULE))
     monkeypatch.syspath_prepend(str(mod))
     # in front of the session's own PYTHONPATH (a machine may install its packages through it)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(mod), os.environ.get("PYTHONPATH")) if p))
+    from gdn_lab.report.runner import prepended
+
+    monkeypatch.setenv("PYTHONPATH", prepended("PYTHONPATH", mod))
     return mod
 
 
