@@ -66,26 +66,25 @@ def check_tensor(
         )
     labels = shape.split()
     pretty = "[" + ", ".join(labels) + "]"
-    if t.dim() != len(labels):
-        raise ValueError(f"{name}: expected {len(labels)} dims {pretty}, got shape {tuple(t.shape)}")
+    size = t.shape  # read once: under a TorchFunctionMode every metadata read is a Python call
+    if len(size) != len(labels):
+        raise ValueError(f"{name}: expected {len(labels)} dims {pretty}, got shape {tuple(size)}")
     for axis, label in enumerate(labels):
-        size = t.shape[axis]
+        n = size[axis]
         if label.isdigit():
-            if size != int(label):
-                raise ValueError(f"{name}: expected shape {pretty}, got {tuple(t.shape)} (dim {axis} must be {label})")
+            if n != int(label):
+                raise ValueError(f"{name}: expected shape {pretty}, got {tuple(size)} (dim {axis} must be {label})")
             continue
         base, plus = (label[:-2], 1) if label.endswith("+1") else (label, 0)
         if base in dims.values:
             want = dims[base] + plus
-            if size != want:
+            if n != want:
                 source = f"from {dims.origin[base]}" if plus == 0 else dims.where(base)
-                raise ValueError(
-                    f"{name}: expected shape {pretty} with {label}={want} ({source}), got {tuple(t.shape)}"
-                )
+                raise ValueError(f"{name}: expected shape {pretty} with {label}={want} ({source}), got {tuple(size)}")
         else:
-            if size - plus < 0:
-                raise ValueError(f"{name}: dim {axis} ({label}) must be at least {plus}, got {size}")
-            dims.bind(base, size - plus, name)
+            if n - plus < 0:
+                raise ValueError(f"{name}: dim {axis} ({label}) must be at least {plus}, got {n}")
+            dims.bind(base, n - plus, name)
     if dtypes is not None and t.dtype not in dtypes:
         raise ValueError(f"{name}: dtype {dtype_name(t.dtype)} is not accepted; expected one of {_names(dtypes)}")
     if device is not None and t.device != device:

@@ -88,15 +88,34 @@ def check_hashable(name: str, t: object) -> None:
         )
 
 
-def _rows_view(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(t's bits as an integer tensor [R, F], salt): rows along the leading dim (one row for 0-dim)."""
-    salt = _salt(t.dtype, tuple(t.shape[1:]))
-    if t.is_complex():
+# (dtype, shape) -> (int view dtype, rows, words per row, salt, complex): what `_words` derives
+# from the metadata alone, once per signature (a recorder hashes the same few shapes thousands of times).
+_SIGNATURES: dict[tuple[torch.dtype, torch.Size], tuple[torch.dtype, int, int, int, bool]] = {}
+
+
+def _signature(dtype: torch.dtype, shape: torch.Size) -> tuple[torch.dtype, int, int, int, bool]:
+    found = _SIGNATURES.get((dtype, shape))
+    if found is None:
+        cplx = dtype.is_complex
+        size = dtype.itemsize // (2 if cplx else 1)
+        r = shape[0] if shape else 1
+        f = (math.prod(shape[1:]) if shape else 1) * (2 if cplx else 1)
+        found = (_INT_VIEW[size], r, f, _salt(dtype, tuple(shape[1:])), cplx)
+        if len(_SIGNATURES) >= 4096:
+            _SIGNATURES.clear()
+        _SIGNATURES[(dtype, shape)] = found
+    return found
+
+
+def _words(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """(t's bits as a contiguous integer tensor, rows R, words per row F, salt): rows along the
+    leading dim (one row for 0-dim), row r's words at [r * F, (r + 1) * F) of the flat tensor."""
+    view, r, f, salt, cplx = _signature(t.dtype, t.shape)
+    if cplx:
         t = torch.view_as_real(t)
-    t = t.contiguous()
-    r = t.shape[0] if t.dim() else 1
-    f = math.prod(t.shape[1:]) if t.dim() else 1
-    return t.view(_INT_VIEW[t.element_size()]).reshape(r, f), salt
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.view(view), r, f, salt
 
 
 def resolve_impl(impl: str, device: torch.device) -> str:
@@ -115,17 +134,18 @@ def resolve_impl(impl: str, device: torch.device) -> str:
     return "triton" if mode == "gpu" else "torch"
 
 
-def row_values(words: torch.Tensor, impl: str, out: torch.Tensor) -> None:
-    """The row stage into out [R]: R_r = sum_j mix(w_rj + (j + 1) * G) of integer words [R, F]."""
+def row_values(words: torch.Tensor, r: int, f: int, impl: str, out: torch.Tensor, offset: int = 0) -> None:
+    """The row stage into out[offset : offset + r]: R_r = sum_j mix(w_rj + (j + 1) * G) of the
+    contiguous integer words (`_words`: R rows of F)."""
     if impl == "triton":
         from gdn_lab.trace.triton_hash import row_values_triton
 
-        row_values_triton(words, out)
+        row_values_triton(words, r, f, out, offset)
         return
     # Promotes the words to int64 and adds each column's step in one op, into a new tensor (the
     # in-place mixing below must never reach the caller's int64 tensor).
-    z = torch.add(words, _column_steps(words.shape[1], str(words.device)))
-    torch.sum(_mix_(z), dim=1, out=out)
+    z = torch.add(words.reshape(r, f), _column_steps(f, str(words.device)))
+    torch.sum(_mix_(z), dim=1, out=out[offset : offset + r])
 
 
 def contributions(rows: torch.Tensor, salt: int | torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -136,10 +156,10 @@ def contributions(rows: torch.Tensor, salt: int | torch.Tensor, pos: torch.Tenso
 
 
 def _rows_of(t: torch.Tensor, impl: str) -> tuple[torch.Tensor, int]:
-    words, salt = _rows_view(t)
-    rows = torch.zeros(words.shape[0], dtype=torch.int64, device=t.device)  # zeros: the kernel may add
-    if words.shape[0]:
-        row_values(words, impl, rows)
+    words, r, f, salt = _words(t)
+    rows = torch.zeros(r, dtype=torch.int64, device=t.device)  # zeros: the kernel may add
+    if r:
+        row_values(words, r, f, impl, rows)
     return rows, salt
 
 
@@ -211,21 +231,13 @@ def tensor_hash(t: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
 
 @dataclass(slots=True)
 class Rows:
-    """A tensor's row values (the row stage) in a HashSink's arena, with the salt of its dtype and shape."""
+    """A tensor's row values (the row stage) in a HashSink's arena: rows [start, start + n) of its
+    device's arena, with the salt of its dtype and shape."""
 
-    values: torch.Tensor  # int64 [n] on the tensor's device
+    device: torch.device
+    start: int
+    n: int
     salt: int
-
-
-@dataclass(slots=True)
-class _Added:
-    """One use of a tensor's rows: to slots base + seg at positions pos, and/or whole to `whole_slot`."""
-
-    rows: Rows
-    seg: torch.Tensor | None
-    pos: torch.Tensor | None
-    base: int
-    whole_slot: int | None
 
 
 class _Arena:
@@ -236,48 +248,63 @@ class _Arena:
     def __init__(self, device: torch.device, impl: str) -> None:
         self.device, self.impl = device, impl
         self.chunks: list[torch.Tensor] = []
+        self.start = 0  # arena row of the last chunk's first row
         self.fill = 0  # rows used in the last chunk
-        self.added: list[_Added] = []
+        # one (rows, seg, pos, base, whole slot) per use of a tensor's rows: its rows to slots
+        # base + seg at positions pos (seg None: none), its whole hash to the whole slot (None: none)
+        self.added: list[tuple[Rows, torch.Tensor | None, torch.Tensor | None, int, int | None]] = []
 
     def rows(self, t: torch.Tensor) -> Rows:
-        words, salt = _rows_view(t)
-        n = words.shape[0]
+        words, n, f, salt = _words(t)
         if not self.chunks or self.fill + n > self.chunks[-1].numel():
             # Zeros (the Triton row stage adds wide rows' column blocks into them); normal tensors
             # even inside inference_mode, so a later forward outside it can still write them.
             with torch.inference_mode(False):
-                self.chunks.append(torch.zeros(max(n, self.CHUNK), dtype=torch.int64, device=self.device))
+                chunk = torch.zeros(max(n, self.CHUNK), dtype=torch.int64, device=self.device)
+            if self.chunks:
+                self.start += self.chunks[-1].numel()
+            self.chunks.append(chunk)
             self.fill = 0
-        values = self.chunks[-1][self.fill : self.fill + n]
         if n:
-            row_values(words, self.impl, values)
+            row_values(words, n, f, self.impl, self.chunks[-1], self.fill)
+        rows = Rows(self.device, self.start + self.fill, n, salt)
         self.fill += n
-        return Rows(values, salt)
+        return rows
+
+    def _values(self, uses: list[Rows]) -> torch.Tensor:
+        """The row values of every use, concatenated: one gather from the arena."""
+        counts = np.fromiter((u.n for u in uses), dtype=np.int64, count=len(uses))
+        starts = np.fromiter((u.start for u in uses), dtype=np.int64, count=len(uses))
+        first = np.cumsum(counts) - counts  # where each use begins in the result
+        index = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(starts - first, counts)
+        arena = self.chunks[0] if len(self.chunks) == 1 else torch.cat(self.chunks)
+        return arena[torch.from_numpy(index).to(self.device)]
+
+    def _per_use(self, values: list[int], counts: list[int]) -> torch.Tensor:
+        """Each use's value repeated over its rows, on the device."""
+        return torch.from_numpy(np.repeat(np.asarray(values, dtype=np.int64), counts)).to(self.device)
 
     def reduce(self, n_slots: int) -> torch.Tensor:
         """Every slot's sum on this device: one vectorised combine over all added tensors."""
-        dev = self.device
-        out = torch.zeros(n_slots, dtype=torch.int64, device=dev)
+        out = torch.zeros(n_slots, dtype=torch.int64, device=self.device)
         parts = []
-        local = [a for a in self.added if a.seg is not None and a.rows.values.numel()]
+        local = [a for a in self.added if a[1] is not None and a[0].n]
         if local:
-            counts = [a.rows.values.numel() for a in local]
-            n, total = torch.tensor(counts, device=dev), sum(counts)
-            seg = torch.cat([a.seg for a in local])
-            base = torch.tensor([a.base for a in local], device=dev).repeat_interleave(n, output_size=total)
-            salt = torch.tensor([a.rows.salt for a in local], device=dev).repeat_interleave(n, output_size=total)
-            values = torch.cat([a.rows.values for a in local])
+            counts = [a[0].n for a in local]
+            seg = torch.cat([a[1] for a in local])
+            base = self._per_use([a[3] for a in local], counts)
+            salt = self._per_use([a[0].salt for a in local], counts)
             # slot 0 takes the masked rows (negative seg)
-            parts.append((values, salt, torch.cat([a.pos for a in local]), torch.where(seg >= 0, seg + base, 0)))
-        whole = [a for a in self.added if a.whole_slot is not None and a.rows.values.numel()]
+            values = self._values([a[0] for a in local])
+            parts.append((values, salt, torch.cat([a[2] for a in local]), torch.where(seg >= 0, seg + base, 0)))
+        whole = [a for a in self.added if a[4] is not None and a[0].n]
         if whole:
-            counts = [a.rows.values.numel() for a in whole]
-            n, total = torch.tensor(counts, device=dev), sum(counts)
-            starts = (torch.cumsum(n, 0) - n).repeat_interleave(n, output_size=total)
-            salt = torch.tensor([a.rows.salt for a in whole], device=dev).repeat_interleave(n, output_size=total)
-            slot = torch.tensor([a.whole_slot for a in whole], device=dev).repeat_interleave(n, output_size=total)
-            values = torch.cat([a.rows.values for a in whole])
-            parts.append((values, salt, torch.arange(total, device=dev) - starts, slot))
+            counts = [a[0].n for a in whole]
+            pos = np.arange(sum(counts), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+            salt = self._per_use([a[0].salt for a in whole], counts)
+            slot = self._per_use([a[4] for a in whole], counts)
+            values = self._values([a[0] for a in whole])
+            parts.append((values, salt, torch.from_numpy(pos).to(self.device), slot))
         if not parts:
             return out
         values, salt, pos, idx = (torch.cat(x) for x in zip(*parts))
@@ -332,7 +359,7 @@ class HashSink:
         """Add t (a tensor, read now, or the Rows of one): its rows to slots base + seg (when seg
         is given; a negative seg drops the row), its whole hash to `whole_slot` (when given)."""
         rows = t if isinstance(t, Rows) else self.rows(t)
-        self._arena(rows.values.device).added.append(_Added(rows, seg, pos, base, whole_slot))
+        self._arena(rows.device).added.append((rows, seg, pos, base, whole_slot))
         self._read = None
         self.n_tensors += 1
 

@@ -223,7 +223,7 @@ class Layout:
         A padded layout's "tokens" and "padded" rows are the N * T positions of [N, T]: padding rows
         get request index -1 (left out of every hash).
         """
-        key = (alignment, str(device))
+        key = (alignment, device)
         found = self._tables.get(key)
         if found is not None:
             return found

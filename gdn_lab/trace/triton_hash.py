@@ -42,8 +42,10 @@ def _mix(z):
     return z ^ ((z >> 31) & _MASK31)
 
 
-@triton.jit(do_not_specialize=["R", "F", "n_iter"])
-def _row_values_kernel(x_ptr, out_ptr, R, F, n_iter, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, SPLIT: tl.constexpr):
+@triton.jit(do_not_specialize=["offset", "R", "F", "n_iter"])
+def _row_values_kernel(
+    x_ptr, out_ptr, offset, R, F, n_iter, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, SPLIT: tl.constexpr
+):
     i_r = tl.program_id(0)
     i_c = tl.program_id(1)
     o_r = i_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -60,19 +62,21 @@ def _row_values_kernel(x_ptr, out_ptr, R, F, n_iter, BLOCK_R: tl.constexpr, BLOC
         b_acc += tl.where(m_x, b_z, 0)
     b_sum = tl.sum(b_acc, axis=1)
     if SPLIT:  # several programs share these rows: add (out holds zeros)
-        tl.atomic_add(out_ptr + o_r, b_sum, mask=m_r)
+        tl.atomic_add(out_ptr + offset + o_r64, b_sum, mask=m_r)
     else:
-        tl.store(out_ptr + o_r, b_sum, mask=m_r)
+        tl.store(out_ptr + offset + o_r64, b_sum, mask=m_r)
 
 
-def row_values_triton(words: torch.Tensor, out: torch.Tensor) -> None:
-    """out[r] = sum_j mix(words[r, j] + (j + 1) * G), as `hashing.row_values`.
+def row_values_triton(words: torch.Tensor, r: int, f: int, out: torch.Tensor, offset: int = 0) -> None:
+    """out[offset + i] = sum_j mix(words[i * f + j] + (j + 1) * G) for rows i < r, as `hashing.row_values`.
 
     Args:
-        words: integer [R, F], contiguous.
-        out: int64 [R], contiguous and zero-filled (rows wider than COLS_PER_PROGRAM add into it).
+        words: a contiguous integer tensor of r * f elements (row-major rows of f words).
+        r, f: rows and words per row.
+        out: int64, contiguous, zero-filled at [offset, offset + r) (rows wider than
+            COLS_PER_PROGRAM add into it).
+        offset: the first row's element of out.
     """
-    r, f = words.shape
     block_f = pow2_at_least(max(f, 1), floor=1) if f < MAX_BLOCK_F else MAX_BLOCK_F
     block_r = max(1, min(64, MAX_TILE // block_f))
     tiles = -(-f // block_f)
@@ -80,12 +84,12 @@ def row_values_triton(words: torch.Tensor, out: torch.Tensor) -> None:
     n_col = -(-tiles // n_iter) if tiles else 1
     split = n_col > 1
     grid = (-(-r // block_r), n_col, 1)
-    args = (words, out, r, f, n_iter, block_r, block_f, split)
+    args = (words, out, offset, r, f, n_iter, block_r, block_f, split)
     if interpreting():
         _row_values_kernel[grid](*args)
         return
     # What the compilation depends on: the constexprs, the word dtype, the pointers' 16-byte
     # alignment, and whether the ints need 64 bits (unspecialised ints still type by range).
-    wide = r > _INT32_MAX or f > _INT32_MAX
+    wide = r > _INT32_MAX or f > _INT32_MAX or offset > _INT32_MAX
     key = (block_r, block_f, split, words.dtype, words.data_ptr() & 15 == 0, out.data_ptr() & 15 == 0, wide)
     launch_cached(_row_values_kernel, grid, args, key)

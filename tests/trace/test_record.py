@@ -36,7 +36,14 @@ class Net(nn.Module):
 
 
 def hooks_left(model: nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    """Hooks in place: the global module hooks, the modules' own, and the kwargs-table entries."""
+    from torch.nn.modules import module as nn_module
+
+    own = sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._forward_pre_hooks_with_kwargs)
+        for m in model.modules()
+    )
+    return own + len(nn_module._global_forward_pre_hooks) + len(nn_module._global_forward_hooks)
 
 
 def modes_left() -> int:
@@ -103,6 +110,23 @@ def test_in_place_calls_are_hashed_before_and_after():
         (add.outputs[0], after),
     ):
         assert [tr.hash_of(rec, r) for r in (0, 1)] == want.tolist()
+
+
+def test_keyword_inputs_are_hashed_as_passed_before_the_module_writes_them():
+    class Scale(nn.Module):
+        def forward(self, x, *, out):
+            out.mul_(2.0)
+            return x + out
+
+    lay = Layout.per_request([0, 1])
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    before = row_hashes(y, lay)
+    model = Scale()
+    with record(model, lay) as tr:
+        model(x, out=y)
+    (entry,) = tr.entries
+    assert [r.path for r in entry.inputs] == ["args[0]", "kwargs['out']"]
+    assert [tr.hash_of(entry.inputs[1], r) for r in (0, 1)] == before.tolist()
 
 
 def _hashes(tr) -> list:
@@ -235,7 +259,8 @@ def test_blocks_nest_and_do_not_record_each_other():
     with record(net, Layout.per_request([0, 1]), level="ops") as outer:
         with record(net, Layout.per_request([0, 1]), level="modules") as inner:
             net(x)
-        assert hooks_left(net) == 6 and modes_left() == 1  # the outer block's: a pre and a post hook per module
+        # the outer block's: a global pre and post hook, the pre hook's id in each module's kwargs table
+        assert hooks_left(net) == 2 + 3 and modes_left() == 1
     assert hooks_left(net) == 0 and modes_left() == 0
     assert [e.name for e in outer.entries] == [e.name for e in alone.entries]
     assert [e.name for e in inner.entries] == ["Sequential", "0", "1"]
