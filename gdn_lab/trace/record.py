@@ -2,9 +2,9 @@
 
 Three kinds of call are recorded:
 
-- `module`: every submodule call of the given model (forward pre-hooks and hooks registered on each
-  of its modules, with kwargs; any nn.Module). Inputs are hashed in the pre-hook, before the call,
-  and outputs in the hook, after it.
+- `module`: every call of the given model's modules (any nn.Module), seen by a global forward
+  pre-hook and hook (`_module_hooks`), with kwargs. Inputs are hashed in the pre-hook, before the
+  call, and outputs in the hook, after it.
 - `function` (level="ops"): torch functions called while one of the model's modules runs, seen by
   a `TorchFunctionMode` (F.softplus, torch.matmul, Tensor.add_, Tensor.__setitem__, ...). Calls
   that return no tensor (shape, item) and pure aliases (view, reshape of contiguous, transpose,

@@ -1,12 +1,13 @@
-"""The shared Triton helpers of gdn_lab.ops.delta_rule_triton: `round_rne` against torch's own casts,
-bit for bit, on the test device (its GPU, or the CPU interpreter)."""
+"""The shared Triton helpers of gdn_lab.ops.delta_rule_triton on the test device (its GPU, or the CPU
+interpreter): `round_rne` against torch's own casts, bit for bit; `_unit_lower_inverse` against a
+float64 inverse."""
 
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from gdn_lab.ops.delta_rule_triton import grid_of, round_rne
+from gdn_lab.ops.delta_rule_triton import _unit_lower_inverse, grid_of, round_rne
 
 
 @triton.jit
@@ -43,3 +44,31 @@ def test_round_rne_is_torchs_cast(device, dtype):
     wrong = got.view(torch.int32) != want.view(torch.int32)
     assert not wrong.any(), f"{int(wrong.sum())} values round otherwise than torch's cast, e.g. {x[wrong][:8].tolist()}"
     assert torch.signbit(got[1]) and torch.signbit(got[3]), "-0.0 and a negative that rounds to zero keep the sign"
+
+
+@triton.jit
+def _inverse_kernel(a, out, BT: tl.constexpr):
+    o = tl.arange(0, BT)
+    p = o[:, None] * BT + o[None, :]
+    tl.store(out + p, _unit_lower_inverse(tl.load(a + p), BT))
+
+
+def chunk_matrix(bt: int, seed: int) -> torch.Tensor:
+    """A as the chunked delta rule builds it: strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), unit-norm k."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.nn.functional.normalize(torch.randn(bt, 128, generator=g), dim=-1)
+    k[bt // 3 : bt // 3 + 6] = k[bt // 3]  # repeated keys: entries near 1, the hardest case
+    beta = torch.sigmoid(torch.randn(bt, generator=g))
+    G = torch.cumsum(-torch.rand(bt, generator=g) * 0.1, 0)
+    return torch.tril(beta[:, None] * (k @ k.T) * torch.exp(G[:, None] - G[None, :]), -1)
+
+
+@pytest.mark.parametrize("bt", [32, 64])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_unit_lower_inverse_is_the_inverse(device, bt, seed):
+    A = chunk_matrix(bt, seed)
+    out = torch.empty(bt, bt, device=device)
+    _inverse_kernel[(1,)](A.to(device), out, BT=bt)
+    want = torch.linalg.inv(torch.eye(bt, dtype=torch.float64) + A.double())
+    # float32 rounding only: a few ulps of the inverse's largest entries
+    assert (out.cpu().double() - want).abs().max() <= 1e-5 * want.abs().max()
