@@ -6,7 +6,7 @@ that only the state recurrence walks a sequence serially:
 
 1. `_prepare_kernel`, one program per (chunk, value head), all chunks at once: the L2 norm of q
    and k, the gates (`chunk_gates`), the chunk's cumulative log decay G,
-   A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 by forward substitution,
+   A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 (blocked: `_unit_lower_inverse`),
    w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into fp32 scratch.
 2. `_state_kernel`, one program per (sequence, value head, V tile), chunk after chunk: it stores
    the state entering each chunk, turns u into v_new = u - w S (S as [K, V]), updates
@@ -399,16 +399,44 @@ class ChunkPlan:
     chunk_seq: torch.Tensor
 
 
+@triton.jit(do_not_specialize=["N", "max_chunks"])
+def _plan_kernel(cu_seqlens, chunk_cu, chunk_seq, N, max_chunks, BT: tl.constexpr, BLOCK: tl.constexpr):
+    """One program: chunk_cu[n] = the first chunk of sequence n (a prefix sum of its chunk counts),
+    chunk_seq[c] = the sequence of chunk c (N past the last chunk), by binary search."""
+    o = tl.arange(0, BLOCK)
+    carry = tl.zeros([], dtype=tl.int32)
+    tl.store(chunk_cu, carry)
+    for n0 in range(0, N, BLOCK):
+        m = n0 + o < N
+        length = tl.load(cu_seqlens + n0 + o + 1, mask=m, other=0) - tl.load(cu_seqlens + n0 + o, mask=m, other=0)
+        ends = tl.cumsum((length + BT - 1) // BT, 0) + carry
+        tl.store(chunk_cu + n0 + o + 1, ends, mask=m)
+        carry = tl.max(tl.where(m, ends, 0), 0)
+    tl.debug_barrier()  # chunk_cu is read back below, by other threads of this program
+    steps = tl.ceil(tl.log2(N.to(tl.float32) + 1.0)).to(tl.int32)
+    for c0 in range(0, max_chunks, BLOCK):
+        c = c0 + o
+        # the first n in [0, N] with chunk_cu[n + 1] > c (N past the last chunk)
+        lo = tl.zeros([BLOCK], dtype=tl.int32)
+        hi = tl.zeros([BLOCK], dtype=tl.int32) + N
+        for _ in range(steps):
+            mid = (lo + hi) // 2
+            above = tl.load(chunk_cu + mid + 1, mask=mid < N, other=0) > c
+            hi = tl.where(above & (mid < N), mid, hi)
+            lo = tl.where(above | (mid >= N), lo, mid + 1)
+        tl.store(chunk_seq + c, lo, mask=c < max_chunks)
+
+
 def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, chunk_size: int) -> ChunkPlan:
-    """Chunks of `chunk_size` tokens starting at each sequence's first token."""
+    """Chunks of `chunk_size` tokens starting at each sequence's first token: one launch (the
+    torch ops it replaces were about ten launches, 150-300 us of host time per call on an H200)."""
     n = cu_seqlens.numel() - 1
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    chunk_cu = torch.zeros(n + 1, dtype=torch.int64, device=cu_seqlens.device)
-    chunk_cu[1:] = torch.cumsum((lengths + chunk_size - 1) // chunk_size, 0)
     max_chunks = total_tokens // chunk_size + n
-    chunk_ids = torch.arange(max_chunks, dtype=torch.int64, device=cu_seqlens.device)
-    chunk_seq = torch.searchsorted(chunk_cu[1:].contiguous(), chunk_ids, right=True)
-    return ChunkPlan(chunk_size, max_chunks, chunk_cu.to(torch.int32), chunk_seq.to(torch.int32))
+    dev = cu_seqlens.device
+    chunk_cu = torch.empty(n + 1, dtype=torch.int32, device=dev)
+    chunk_seq = torch.empty(max_chunks, dtype=torch.int32, device=dev)
+    _plan_kernel[(1,)](cu_seqlens, chunk_cu, chunk_seq, n, max_chunks, BT=chunk_size, BLOCK=1024, num_warps=4)
+    return ChunkPlan(chunk_size, max_chunks, chunk_cu, chunk_seq)
 
 
 @dataclass(frozen=True)

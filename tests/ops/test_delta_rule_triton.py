@@ -1,13 +1,13 @@
 """The shared Triton helpers of gdn_lab.ops.delta_rule_triton on the test device (its GPU, or the CPU
 interpreter): `round_rne` against torch's own casts, bit for bit; `_unit_lower_inverse` against a
-float64 inverse."""
+float64 inverse; `plan_chunks` against torch's cumsum and searchsorted."""
 
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from gdn_lab.ops.delta_rule_triton import _unit_lower_inverse, grid_of, round_rne
+from gdn_lab.ops.delta_rule_triton import _unit_lower_inverse, grid_of, plan_chunks, round_rne
 
 
 @triton.jit
@@ -72,3 +72,19 @@ def test_unit_lower_inverse_is_the_inverse(device, bt, seed):
     want = torch.linalg.inv(torch.eye(bt, dtype=torch.float64) + A.double())
     # float32 rounding only: a few ulps of the inverse's largest entries
     assert (out.cpu().double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("lengths", [[4000], [0], [5, 0, 64, 65, 1], "many"], ids=["long", "empty", "mixed", "many"])
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_plan_chunks_counts_and_owns_every_chunk(device, lengths, chunk):
+    if lengths == "many":  # more sequences than one block of the plan kernel
+        lengths = torch.randint(0, 200, (1500,), generator=torch.Generator().manual_seed(chunk)).tolist()
+    lens = torch.tensor(lengths)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+    counts = (lens + chunk - 1) // chunk
+    want_cu = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    plan = plan_chunks(cu.to(device=device, dtype=torch.int32), int(cu[-1]), chunk)
+    assert plan.max_chunks == int(cu[-1]) // chunk + len(lengths)
+    want_seq = torch.searchsorted(want_cu[1:], torch.arange(plan.max_chunks), right=True)  # N past the last
+    assert plan.chunk_cu.cpu().tolist() == want_cu.tolist()
+    assert plan.chunk_seq.cpu().tolist() == want_seq.tolist()
