@@ -12,6 +12,22 @@ from pathlib import Path
 
 import torch
 
+ROOFLINE_TBPS = 4.26  # H200 device-to-device copy, bytes read + written (shared/reference/measured_h200.md)
+MATMUL_CSV = Path(__file__).resolve().parents[1] / "data" / "bench" / "h200" / "bench_matmul.csv"
+
+
+def bf16_peak_tflops(path: Path = MATMUL_CSV) -> float | None:
+    """The H200's measured bf16 peak: the fastest torch (cuBLAS) bf16 matmul of bench_matmul.csv,
+    in TFLOP/s; None without that file."""
+    if not path.is_file():
+        return None
+    with path.open(newline="") as f:
+        rates = [
+            float(r["tflops"]) for r in csv.DictReader(f)
+            if r["impl"] == "torch" and r["dtype"] == "bfloat16" and r["tflops"]
+        ]  # fmt: skip
+    return max(rates) if rates else None
+
 
 def add_device_option(parser: argparse.ArgumentParser) -> None:
     """`--device auto|cpu|cuda` (see `bench_device`)."""

@@ -57,9 +57,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import add_device_option, bench_device, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import ROOFLINE_TBPS, add_device_option, bench_device, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
-ROOFLINE_TBPS = 4.26  # H200 device-to-device copy, bytes read + written (measured_h200.md)
 SDPA_TARGET = 0.95  # >= 95 % of SDPA's throughput at B >= 8, ctx >= 4k (bf16 and fp8 caches)
 CONTROL_TARGET = 1 / 1.1  # never more than 10 % slower than the control
 CSV_NAME = "bench_decode_attention.csv"

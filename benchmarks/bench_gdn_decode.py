@@ -44,9 +44,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import add_device_option, bench_device, sync, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import ROOFLINE_TBPS, add_device_option, bench_device, sync, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
-ROOFLINE_TBPS = 4.26  # H200 device-to-device copy, bytes read + written (measured_h200.md)
 L2_BYTES = 50 * 2**20
 CSV_NAME = "bench_gdn_decode.csv"
 COLUMNS = [

@@ -27,6 +27,12 @@ fla-chunk's us / this us), parity against the torch reference on fresh states (`
 section: one target alone vs inside a batch of 16, bitwise (`bitwise_equal`), for ours and the
 controls (which must differ). Every row carries the environment fingerprint (`env_*`).
 
+How close each timing is to the H200's limit: `bytes_moved` (every input and output tensor once,
+the in-place states read and written), `flops` (the chunked delta rule's dots at chunk 64:
+HV T (64 (6K + 4V) + 6 K V); the layer's conv, norms and fp8 are left out) and `limit_frac` = the
+larger of bytes over 4.26 TB/s and flops over the measured bf16 peak (the fastest cuBLAS bf16
+matmul in data/bench/h200/bench_matmul.csv), divided by the measured time.
+
     python3 benchmarks/bench_gdn_prefill.py --out OUT_DIR          # the H200 run (~2-3 minutes)
     python3 benchmarks/bench_gdn_prefill.py --out OUT_DIR --smoke  # tiny shapes, CPU interpreter
 """
@@ -46,7 +52,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import add_device_option, bench_device, sync, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import ROOFLINE_TBPS, add_device_option, bench_device, bf16_peak_tflops, sync, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")  # read when fla is imported (see gated_delta_rule/fla.py)
 
@@ -70,6 +76,9 @@ COLUMNS = [
     "max_abs_vs_ref",
     "rel_mae_vs_ref",
     "state_max_abs_vs_ref",
+    "bytes_moved",
+    "flops",
+    "limit_frac",
     "bitwise_equal",
     "n_diff",
     "max_abs",
@@ -95,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", default=None, help="sequences per batch (equal lengths), e.g. 1,4,16")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    args.tokens = [int(t) for t in (args.tokens or ("64" if args.smoke else "1024,4096,16384")).split(",")]
+    args.tokens = [int(t) for t in (args.tokens or ("64" if args.smoke else "1024,4096,16384,65536")).split(",")]
     args.batches = [int(b) for b in (args.batches or ("1,2" if args.smoke else "1,4,16")).split(",")]
     args.shape = Shape(1, 2, 64) if args.smoke else Shape(4, 8, 128)
     return args
@@ -265,6 +274,31 @@ def first_output(result):
     return result[0] if isinstance(result, tuple) else result
 
 
+STATES = {LAYER: ("delta_state", "conv_state"), PREFILL: ("state",)}
+
+
+def ideal_work(op: str, args: dict[str, Any], outputs: Any) -> dict[str, float]:
+    """The case's bytes moved and delta-rule FLOPs (see the module docstring)."""
+    outs = outputs if isinstance(outputs, tuple) else (outputs,)
+    tensors = [v for v in args.values() if isinstance(v, torch.Tensor)] + [
+        o for o in outs if isinstance(o, torch.Tensor)
+    ]
+    written = [args[k] for k in STATES[op]]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors + written)
+    state = args[STATES[op][0]]  # [slots, HV, V, K]
+    hv, v, k = state.shape[1:]
+    tokens = args["cu_seqlens"][-1].item()
+    return {"bytes_moved": nbytes, "flops": hv * tokens * (64 * (6 * k + 4 * v) + 6 * k * v)}
+
+
+def limit_frac(work: dict[str, float], us: float, peak_tflops: float | None) -> float:
+    """max(bytes / roofline, flops / peak) / time: the fraction of the device's limit reached."""
+    floor = work["bytes_moved"] / (ROOFLINE_TBPS * 1e12)
+    if peak_tflops:
+        floor = max(floor, work["flops"] / (peak_tflops * 1e12))
+    return floor / (us * 1e-6)
+
+
 def parity(out, state, ref_out, ref_state) -> dict[str, float]:
     diff = (out.float() - ref_out.float()).abs()
     return {
@@ -283,6 +317,7 @@ class Bench:
         self.env = {f"env_{k}": v for k, v in fingerprint(self.device).items()}
         self.rows: list[dict[str, Any]] = []
         self.fla_ok, self.fla_reason = fla_available()
+        self.peak_tflops = bf16_peak_tflops()
 
     def row(self, **kw: Any) -> None:
         s = self.args.shape
@@ -326,6 +361,7 @@ class Bench:
                 continue
             if is_reference:
                 reference = results[name]
+        work = next((ideal_work(op, args, r["outputs"]) for r in results.values() if "outputs" in r), None)
         unfused = results["torch-chain" if op == LAYER else "torch"].get("us")
         fla = results.get("fla-chain" if op == LAYER else "fla-chunk", {}).get("us")
         for name, r in results.items():
@@ -345,6 +381,7 @@ class Bench:
                 speedup_vs_unfused=(unfused / r["us"]) if unfused else "", speedup_vs_fla=(fla / r["us"]) if fla else "",
                 max_abs_vs_ref=r["max_abs_vs_ref"], rel_mae_vs_ref=r["rel_mae_vs_ref"],
                 state_max_abs_vs_ref=r["state_max_abs_vs_ref"], note="" if self.fla_ok else self.fla_reason,
+                **(work or {}), limit_frac=limit_frac(work, r["us"], self.peak_tflops) if work else "",
             )  # fmt: skip
 
     def measure(self, factory, once, args, state_key, reference: dict | None, is_reference: bool) -> dict:
@@ -355,7 +392,7 @@ class Bench:
         """
         mine = fresh(args)
         us, out = call_once(factory(mine), self.device)
-        result = {"out": first_output(out), "state": mine[state_key]}
+        result = {"out": first_output(out), "state": mine[state_key], "outputs": out}
         if self.device.type != "cuda":
             timing = "once, on the CPU (Triton interpreter)"
         elif once:
