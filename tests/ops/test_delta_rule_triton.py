@@ -50,7 +50,7 @@ def test_round_rne_is_torchs_cast(device, dtype):
 def _inverse_kernel(a, out, BT: tl.constexpr):
     o = tl.arange(0, BT)
     p = o[:, None] * BT + o[None, :]
-    tl.store(out + p, _unit_lower_inverse(tl.load(a + p), BT))
+    tl.store(out + p, _unit_lower_inverse(tl.load(a + p), BT, "ieee"))
 
 
 def chunk_matrix(bt: int, seed: int) -> torch.Tensor:
@@ -70,7 +70,7 @@ def test_unit_lower_inverse_is_the_inverse(device, bt, seed):
     out = torch.empty(bt, bt, device=device)
     _inverse_kernel[(1,)](A.to(device), out, BT=bt)
     want = torch.linalg.inv(torch.eye(bt, dtype=torch.float64) + A.double())
-    # float32 rounding only: a few ulps of the inverse's largest entries
+    # IEEE float32 dots: a few ulps of the inverse's largest entries
     assert (out.cpu().double() - want).abs().max() <= 1e-5 * want.abs().max()
 
 
