@@ -499,17 +499,59 @@ def num_warps_for(*tile_elems: int) -> int:
     return 8 if max(tile_elems) >= 8192 else 4
 
 
+STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
+
+
+def run_prepare_kernel(run: ChunkedRun, q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, scale, use_qk_l2norm):
+    """Launch 1, every chunk at once: normalized q and k, gates, w and u into run's scratch."""
+    HK, K = q.shape[1], q.shape[2]
+    HV, V = v.shape[1], v.shape[2]
+    s, bt = run.scratch, run.plan.chunk_size
+    _prepare_kernel[(run.plan.max_chunks, HV)](
+        q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
+        chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
+        qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=scale, N=slots.numel(),
+        HK=HK, HV=HV, K=K, V=V, BT=bt, L2NORM=use_qk_l2norm, EPS=L2NORM_EPS,
+        SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, num_warps=num_warps_for(bt * K, bt * V),
+    )  # fmt: skip
+
+
 def run_state_kernel(
-    run: ChunkedRun, state: torch.Tensor, slots: torch.Tensor, cu_seqlens: torch.Tensor, num_k_heads: int
+    run: ChunkedRun,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    num_k_heads: int,
+    block_v: int = STATE_BLOCK_V,
+    num_warps: int = 4,
+    num_stages: int | None = None,
 ):
-    """Launch 2, the state recurrence: reads and writes state[slots] ([num_slots, HV, V, K] float32, contiguous)."""
+    """Launch 2, the state recurrence: reads and writes state[slots] ([num_slots, HV, V, K] float32,
+    contiguous). The tile and launch options are arguments only for the kernel probe
+    (benchmarks/probe_gdn_prefill_kernels.py); the backends use the defaults."""
     HV, V, K = state.shape[1:]
     s = run.scratch
-    block_v = min(V, 32)
-    _state_kernel[(slots.numel(), HV, V // block_v)](
+    bv = min(V, block_v)
+    stages = {} if num_stages is None else {"num_stages": num_stages}
+    _state_kernel[(slots.numel(), HV, V // bv)](
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
         ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs,
-        HK=num_k_heads, HV=HV, K=K, V=V, BV=block_v, BT=run.plan.chunk_size, PREC=run.prec, num_warps=4,
+        HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, PREC=run.prec, num_warps=num_warps, **stages,
+    )  # fmt: skip
+
+
+def run_output_kernel(
+    run: ChunkedRun, out: torch.Tensor, cu_seqlens: torch.Tensor, slots: torch.Tensor, num_k_heads: int
+):
+    """Launch 3, every chunk at once: out ([T, HV, V]) from run's scratch and chunk states."""
+    HV, V = out.shape[1], out.shape[2]
+    K = run.scratch.qs.shape[2]
+    s = run.scratch
+    _output_kernel[(run.plan.max_chunks, HV)](
+        qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=out,
+        chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
+        HK=num_k_heads, HV=HV, K=K, V=V, BT=run.plan.chunk_size, **grid_args("IO", out.dtype), PREC=run.prec,
+        num_warps=num_warps_for(K * V),
     )  # fmt: skip
 
 
@@ -522,24 +564,11 @@ def gdn_prefill_chunked(
     """
     q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     HK, K = q.shape[1], q.shape[2]
-    HV, V = v.shape[1], v.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     run = chunked_run(cu_seqlens, out, HK, K, chunk_size)
-    s, N = run.scratch, slots.numel()
-    _prepare_kernel[(run.plan.max_chunks, HV)](
-        q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
-        chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
-        qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=scale, N=N,
-        HK=HK, HV=HV, K=K, V=V, BT=chunk_size, L2NORM=use_qk_l2norm, EPS=L2NORM_EPS,
-        SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, num_warps=num_warps_for(chunk_size * K, chunk_size * V),
-    )  # fmt: skip
+    run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, scale, use_qk_l2norm)
     run_state_kernel(run, state, slots, cu_seqlens, HK)
-    _output_kernel[(run.plan.max_chunks, HV)](
-        qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=out,
-        chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=N,
-        HK=HK, HV=HV, K=K, V=V, BT=chunk_size, **grid_args("IO", out.dtype), PREC=run.prec,
-        num_warps=num_warps_for(K * V),
-    )  # fmt: skip
+    run_output_kernel(run, out, cu_seqlens, slots, HK)
     return out
 
 

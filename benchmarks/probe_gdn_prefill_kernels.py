@@ -1,0 +1,119 @@
+"""Where gdn_prefill's `triton` backend spends its time: each of its launches alone, and state-kernel tiles.
+
+The backend is three launches after a one-launch chunk plan (gdn_lab.ops.delta_rule_triton): the
+chunk-parallel prepare, the serial state recurrence (one program per sequence, value head and V
+tile), and the chunk-parallel output. This probe times each through the backend's own launch
+functions on the bench's inputs (benchmarks/bench_gdn_prefill.py), the whole backend call beside
+them, and the state kernel at other V tiles, warp counts and pipeline stages: the data for choosing
+the state kernel's fixed tile (it must not follow the batch) and for seeing which launch to speed up
+next.
+
+Usage:
+    python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR          # the H200 run (~1 minute)
+    python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR --smoke  # tiny shapes (CPU interpreter; see --device)
+
+Writes OUT_DIR/probe_gdn_prefill_kernels.csv: one row per (tokens, sequences, launch) with `us`
+(do_bench median on a GPU, one call on the CPU), and for `state` variants block_v, num_warps,
+num_stages and the status (a tile the GPU cannot run says why); every row carries the environment
+fingerprint (`env_*`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import add_device_option, bench_device, sync, write_csv  # noqa: E402
+from bench_gdn_prefill import Shape, fresh, prefill_inputs  # noqa: E402
+
+CSV = "probe_gdn_prefill_kernels.csv"
+COLUMNS = ["tokens", "batch", "launch", "block_v", "num_warps", "num_stages", "us", "status", "reason"]
+# (block_v, warps, stages); block_v 64 is left out: on the H200 (Triton 3.6) it faults with an illegal
+# memory access, which poisons the CUDA context for every later launch
+VARIANTS = [(8, 4, 3), (16, 4, 3), (32, 4, 3), (32, 8, 3), (32, 4, 2), (8, 8, 3)]
+
+
+def timer(device: torch.device):
+    """us of one call: do_bench's median on a GPU, one synchronised call on the CPU."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return lambda fn: 1e3 * triton.testing.do_bench(fn, warmup=5, rep=50, return_mode="median")
+
+    def once(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        return 1e6 * (time.perf_counter() - start)
+
+    return once
+
+
+def launches(args: dict, device: torch.device) -> dict:
+    """name -> a call of each launch on fresh state (the plan and scratch built once for the others)."""
+    from gdn_lab.ops import delta_rule_triton as D
+    from gdn_lab.routing import get
+
+    a = fresh(args)
+    q, k, v, cu, slots, state = a["q"], a["k"], a["v"], a["cu_seqlens"], a["slots"], a["state"]
+    hk, kdim = q.shape[1], q.shape[2]
+    out = torch.empty(v.shape, dtype=q.dtype, device=device)
+    run = D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE)
+    gates = [a[x] for x in ("a", "b", "A_log", "dt_bias")]
+    return {
+        "plan+scratch": lambda: D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE),
+        "prepare": lambda: D.run_prepare_kernel(run, q, k, v, *gates, cu, slots, a["scale"], a["use_qk_l2norm"]),
+        "state": lambda **tile: D.run_state_kernel(run, state, slots, cu, hk, **tile),
+        "output": lambda: D.run_output_kernel(run, out, cu, slots, hk),
+        "backend": lambda: get("gdn_prefill", "triton").run(**a),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, seconds (CPU interpreter; see --device)")
+    add_device_option(p)
+    args = p.parse_args(argv)
+    device = bench_device(args)
+    from gdn_lab.environment import fingerprint
+
+    env = {f"env_{k}": v for k, v in fingerprint(device).items()}
+    shape = Shape(1, 2, 64) if args.smoke else Shape(4, 8, 128)
+    cases = [(128, 1), (128, 2)] if args.smoke else [(t, n) for t in (4096, 16384, 65536) for n in (1, 4, 16)]
+    variants = VARIANTS[2:3] if args.smoke else VARIANTS
+    time_us = timer(device)
+    rows = []
+    for tokens, batch in cases:
+        calls = launches(prefill_inputs([tokens // batch] * batch, shape, device, seed=0), device)
+        for name, fn in calls.items():
+            fn()  # compile
+            rows.append({"tokens": tokens, "batch": batch, "launch": name, "us": time_us(fn), "status": "ok", **env})
+        for bv, warps, stages in variants:
+            tile = {"block_v": bv, "num_warps": warps, "num_stages": stages}
+            row = {"tokens": tokens, "batch": batch, "launch": "state", **tile, **env}
+            state = functools.partial(calls["state"], **tile)
+            try:
+                state()
+                row.update(us=time_us(state), status="ok")
+            except Exception as exc:  # a tile this GPU cannot run (shared memory): recorded, the rest go on
+                row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:160]}")
+            rows.append(row)
+        sync(device)
+        print(
+            f"T={tokens:6d} N={batch:3d}  "
+            + "  ".join(f"{r['launch']}={r['us']:.0f}us" for r in rows[-len(calls) - len(variants) : -len(variants)]),
+            flush=True,
+        )
+    print(f"wrote {write_csv(rows, COLUMNS + sorted(env), args.out, CSV)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

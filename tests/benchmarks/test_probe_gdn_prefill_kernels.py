@@ -1,0 +1,13 @@
+"""benchmarks/probe_gdn_prefill_kernels.py --smoke: every launch of the backend and a state tile are timed."""
+
+import csv
+
+
+def test_smoke(tmp_path, run_smoke):
+    run_smoke("probe_gdn_prefill_kernels.py", "--smoke", "--out", str(tmp_path))
+    with (tmp_path / "probe_gdn_prefill_kernels.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    launches = {r["launch"] for r in rows}
+    assert launches == {"plan+scratch", "prepare", "state", "output", "backend"}
+    assert all(r["status"] == "ok" and float(r["us"]) > 0 for r in rows) and rows[0]["env_torch"]
+    assert any(r["block_v"] for r in rows if r["launch"] == "state")
