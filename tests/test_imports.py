@@ -47,6 +47,8 @@ LAYERS: dict[str, int] = {
     "gdn_lab.checks": 1,
     # where the data files are (a wheel's copies, or the checkout's folders): imports nothing
     "gdn_lab.package_data": 1,
+    # Triton's interpreter without the work it repeats (imports triton only when installing)
+    "gdn_lab.interpreter": 1,
     # what the ops stand on. rules sit below ops because a backend carries its dispatch rule
     # (Backend.rule) and kernels read rule tables; aiter below ops because AITER's backends load
     # through it; rules may import aiter (its install hint, emulated devices, installed tables).

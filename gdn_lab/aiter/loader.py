@@ -43,6 +43,7 @@ from gdn_lab.aiter.probe import (
 )
 from gdn_lab.aiter.shims import shims
 from gdn_lab.device import interpreting, triton_mode
+from gdn_lab.interpreter import skip_repeated_work
 
 # The kernel modules the lab calls, by short name: where amd-aiter 0.1.7 has them, then where
 # later aiter versions moved them (aiter/ops/triton/attention/, aiter/ops/triton/gemm/basic/).
@@ -198,6 +199,8 @@ def load(kernel: str, arch: str | None = None) -> ModuleType:
     if not on_rocm():
         checks.check_choice("arch", arch, tuple(EMULATED_DEVICES))
     interpret = interpreting()
+    if interpret:  # AITER's kernels call device functions as ours do
+        skip_repeated_work()
     key = (kernel, arch, interpret)
     if key in _STATE.failures:
         raise AiterUnavailable(_STATE.failures[key])

@@ -1,6 +1,8 @@
 """What our Triton kernels share: tl.dot operand precision and tile extents.
 
-Imports triton at load; registrations reach kernel modules only through `routing.lazy`.
+Imports triton at load; registrations reach kernel modules only through `routing.lazy`. Under the
+interpreter, loading it spares the interpreter work it repeats to no effect (`gdn_lab.interpreter`):
+every kernel module but rms_norm's imports it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime import driver
 
+from gdn_lab.interpreter import skip_repeated_work
 from gdn_lab.ops.triton_support import interpreting
+
+if interpreting():
+    skip_repeated_work()
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
