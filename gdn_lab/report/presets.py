@@ -15,7 +15,12 @@ gate:                # the cases `gdn-lab fingerprint` records (gdn_lab.gate.fin
   device: cpu
   cases:
     - {op: decode_attention, backends: [triton], targets: [1, 257], batch_sizes: [2, 8]}
+longest_first: [01_batch_invariance, 05_layer_hash_bisect]  # `--jobs N > 1` starts these first
 ```
+
+`longest_first` changes no value, only the order in which `--jobs N > 1` starts the notebooks: those
+named, in its order, then the others in file order. Naming them longest first, as measured with the
+preset, leaves short notebooks for last, so the kernels running side by side end close together.
 
 `load(name_or_path)` reads and checks the file's structure (every error names the file and the key);
 the values themselves are checked against each notebook's Config by
@@ -34,7 +39,7 @@ import yaml
 from gdn_lab import package_data
 
 PRESET_DIR = package_data.path("presets")
-TOP_LEVEL_KEYS = ("description", "parameters", "notebooks", "gate")
+TOP_LEVEL_KEYS = ("description", "parameters", "notebooks", "gate", "longest_first")
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class Preset:
         parameters: values for every notebook that declares them.
         notebooks: {notebook stem: values for that notebook}.
         gate: the regression gate's fields (`GateConfig`), or empty.
+        longest_first: notebook stems that `--jobs N > 1` starts first, in this order.
         path: the YAML file.
     """
 
@@ -55,6 +61,7 @@ class Preset:
     parameters: dict[str, Any] = field(default_factory=dict)
     notebooks: dict[str, dict[str, Any]] = field(default_factory=dict)
     gate: dict[str, Any] = field(default_factory=dict)
+    longest_first: tuple[str, ...] = ()
     path: Path | None = None
 
     def for_notebook(self, notebook: str) -> dict[str, Any]:
@@ -167,6 +174,7 @@ def load(name: str | os.PathLike, preset_dir: Path = PRESET_DIR) -> Preset:
         parameters=parameters,
         notebooks=notebooks,
         gate=_mapping(path, "gate", data.get("gate"), names=False),
+        longest_first=_names(path, "longest_first", data.get("longest_first")),
         path=path,
     )
 
@@ -181,3 +189,13 @@ def _mapping(path: Path, key: str, value: Any, names: bool = True) -> dict[str, 
         what = "parameter names" if names else "notebook names"
         raise ValueError(f"preset {path}: {key} has keys that are not {what}: {bad!r}")
     return dict(value)
+
+
+def _names(path: Path, key: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"preset {path}: {key} must be a list of notebook names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"preset {path}: {key} names a notebook twice: {value!r}")
+    return tuple(value)

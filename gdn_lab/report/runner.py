@@ -183,11 +183,12 @@ def plan(
             notebook fixes in its cell; a notebook without a usable Config; a value its Config
             rejects. Messages name the notebook, the parameter, the value and what is accepted.
     """
-    unknown_nbs = sorted(set(preset.notebooks) - set(notebooks))
-    if unknown_nbs:
-        raise RunError(
-            f"preset {preset.name}: notebooks {', '.join(unknown_nbs)} are not in the suite; accepted: {', '.join(notebooks)}"
-        )
+    for key, named in (("notebooks", preset.notebooks), ("longest_first", preset.longest_first)):
+        unknown_nbs = sorted(set(named) - set(notebooks))
+        if unknown_nbs:
+            raise RunError(
+                f"preset {preset.name}: {key} {', '.join(unknown_nbs)} are not in the suite; accepted: {', '.join(notebooks)}"
+            )
     runner_keys = set(params_mod.RUNNER_KEYS)
     hint = {"preset": "use --preset", "out_dir": "use --out (each notebook's tables go to <out>/<notebook>/)"}
     for where, keys in (("-p", overrides), (f"preset {preset.name}, parameters", preset.parameters)):
@@ -606,6 +607,14 @@ def default_out(preset: str) -> Path:
     return Path.cwd() / "runs" / f"{Path(preset).stem}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+def start_order(names: Sequence[str], longest_first: Sequence[str]) -> list[str]:
+    """The order `--jobs N > 1` starts notebooks in: those in the preset's `longest_first`, in its
+    order, then the others as given (a pool that starts a long notebook last ends with one kernel
+    running alone)."""
+    rank = {name: i for i, name in enumerate(longest_first)}
+    return sorted(names, key=lambda name: rank.get(name, len(rank)))
+
+
 def _skip_reason(earlier: NotebookResult | None, nb: NotebookPlan, env: dict[str, Any]) -> tuple[bool, str]:
     """(skip?, why): a resumed notebook is skipped only if it is ok with the same parameters, code and environment."""
     if earlier is None:
@@ -789,7 +798,9 @@ def run_suite(
                 for i, nb, redo in todo:
                     execute(i, nb, redo, kernel_dir)
             else:
-                for future in [pool.submit(execute, i, nb, redo, kernel_dir) for i, nb, redo in todo]:
+                by_name = {nb.name: (i, nb, redo) for i, nb, redo in todo}
+                started = [by_name[name] for name in start_order(list(by_name), p.longest_first)]
+                for future in [pool.submit(execute, *job, kernel_dir) for job in started]:
                     future.result()  # Ctrl-C lands here, in the main thread
     except KeyboardInterrupt:
         with _sigint_ignored():

@@ -87,7 +87,7 @@ CASES = [
     ('preset file tabs', ['run', '--preset', '{bad:tabs}', '--out', '{never}'], 2, 'not valid YAML at line 2'),
     ('preset file empty', ['run', '--preset', '{bad:empty}', '--out', '{never}'], 2, 'the file is empty'),
     ('preset file comments', ['run', '--preset', '{bad:comments}', '--out', '{never}'], 2, 'the file is empty'),
-    ('preset file list', ['run', '--preset', '{bad:list}', '--out', '{never}'], 2, 'expected a mapping with keys description, parameters, notebooks, gate, got a list'),
+    ('preset file list', ['run', '--preset', '{bad:list}', '--out', '{never}'], 2, 'expected a mapping with keys description, parameters, notebooks, gate, longest_first, got a list'),
     ('preset file scalar', ['run', '--preset', '{bad:scalar}', '--out', '{never}'], 2, 'expected a mapping'),
     ('preset file typo_top', ['run', '--preset', '{bad:typo_top}', '--out', '{never}'], 2, "unknown top-level keys ['paramaters']"),
     ('preset file params_scalar', ['run', '--preset', '{bad:params_scalar}', '--out', '{never}'], 2, 'parameters must be a mapping of name: value, got 3'),

@@ -146,6 +146,9 @@ def test_preset_entries_are_checked_against_the_notebooks(suite, tmp_path):
         "notebooks:\n  01_first: {label: y}\n": "the notebook fixes label = 'x' in its parameters cell",
         "parameters: {colour: red}\n": "parameters: colour not declared by any notebook of the suite",
         "paramaters: {}\n": "unknown top-level keys",
+        "longest_first: [05_missing]\nparameters: {value: 1}\n": "longest_first 05_missing are not in the suite",
+        "longest_first: 01_first\nparameters: {value: 1}\n": "longest_first must be a list of notebook names",
+        "longest_first: [01_first, 01_first]\nparameters: {value: 1}\n": "longest_first names a notebook twice",
         "parameters: {value: 0}\n": "01_first: value: expected a positive number, got 0 (value=0 from preset",
     }
     for i, (text, message) in enumerate(cases.items()):
@@ -248,6 +251,27 @@ def test_jobs_run_notebooks_side_by_side(tmp_path, tiny_config, notebook, monkey
     summary = json.loads((out / "summary.json").read_text())
     assert [nb["status"] for nb in summary["notebooks"]] == ["ok", "ok", "ok"] and summary["state"] == "complete"
     assert all(nb["headline"] == "value is 4" for nb in summary["notebooks"])
+
+
+def test_jobs_start_the_presets_longest_notebooks_first(suite, tmp_path, monkeypatch):
+    """--jobs 2 starts the preset's longest_first in its order, then the rest in file order; the
+    summary still lists the notebooks in file order."""
+    nbs, preset = suite
+    assert runner.start_order(["01_first", "02_broken", "03_last"], ["03_last"]) == ["03_last", "01_first", "02_broken"]
+    assert runner.start_order(["01_first", "02_broken"], []) == ["01_first", "02_broken"]
+    started = []
+
+    def fake(nb, out, log, result=None, kernel_dir=None, **_):
+        started.append(nb.name)
+        result.status, result.duration_s = "ok", 0.1
+        return result
+
+    monkeypatch.setattr(runner, "run_notebook", fake)
+    first = tmp_path / "first.yaml"
+    first.write_text(preset.read_text() + "longest_first: [03_last, 02_broken]\n")
+    summary = run_suite(str(first), notebook_dir=nbs, out=tmp_path / "run", jobs=2)
+    assert set(started[:2]) == {"03_last", "02_broken"} and started[2] == "01_first"
+    assert [nb.name for nb in summary.notebooks] == ["01_first", "02_broken", "03_last"]
 
 
 @pytest.mark.parametrize("jobs", ["0", "-1"])
