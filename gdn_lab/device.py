@@ -205,7 +205,7 @@ def interpreter_default(device: torch.device | str | None = None) -> bool:
     """On the CPU, set TRITON_INTERPRET=1 unless the environment already sets it, as
     `gdn-lab invariance`, `gdn-lab env` and the notebooks' `setup()` do, before any Triton kernel
     module is imported (triton.jit reads the variable when it decorates). `gdn-lab run` sets it
-    to 1 for its notebooks' kernels on the CPU (`report.runner.kernel_environment`).
+    to 1 for its notebooks' kernels on the CPU (`report.runner.kernel_env`).
 
     Returns:
         True if this call set it.

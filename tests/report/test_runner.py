@@ -274,6 +274,14 @@ def test_jobs_start_the_presets_longest_notebooks_first(suite, tmp_path, monkeyp
     assert [nb.name for nb in summary.notebooks] == ["01_first", "02_broken", "03_last"]
 
 
+def test_cpu_kernels_let_idle_openmp_threads_sleep(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert runner.kernel_env("cpu")["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in runner.kernel_env("cuda")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert runner.kernel_env("cpu")["OMP_WAIT_POLICY"] == "ACTIVE", "the runner's own setting wins"
+
+
 @pytest.mark.parametrize("jobs", ["0", "-1"])
 def test_jobs_must_be_positive(jobs, suite, tmp_path, capsys):
     nbs, preset = suite
