@@ -108,7 +108,7 @@ def l2norm_rows(x, EPS: tl.constexpr):
 
 @triton.jit
 def _unit_lower_inverse(A, BT: tl.constexpr, PREC: tl.constexpr):
-    """(I + A)^-1 for a strictly lower-triangular [BT, BT] A (BT a multiple of 16, at most 64), blocked.
+    """(I + A)^-1 for a strictly lower-triangular [BT, BT] A (BT 16, 32 or 64), blocked.
 
     With D = I + the 16 x 16 diagonal blocks of A and E = the rest (strictly below the blocks),
     I + A = D (I + N) with N = D^-1 E strictly block-lower, so N^4 = 0 for up to four blocks and
@@ -119,7 +119,7 @@ def _unit_lower_inverse(A, BT: tl.constexpr, PREC: tl.constexpr):
     the H200 at 4096 tokens, the same output error against the float64 reference as IEEE float32
     dots, and the prepare kernel 1.6x faster).
     """
-    tl.static_assert(BT % 16 == 0 and BT <= 64, "_unit_lower_inverse: BT must be 16, 32, 48 or 64")
+    tl.static_assert(BT == 16 or BT == 32 or BT == 64, "_unit_lower_inverse: BT must be 16, 32 or 64")
     NB: tl.constexpr = BT // 16
     o = tl.arange(0, BT)
     same_block = (o // 16)[:, None] == (o // 16)[None, :]
@@ -430,8 +430,9 @@ def _plan_kernel(cu_seqlens, chunk_cu, chunk_seq, N, max_chunks, BT: tl.constexp
 
 
 def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, chunk_size: int) -> ChunkPlan:
-    """Chunks of `chunk_size` tokens starting at each sequence's first token: one launch (the
-    torch ops it replaces were about ten launches, 150-300 us of host time per call on an H200)."""
+    """Chunks of `chunk_size` tokens starting at each sequence's first token: one launch (with the
+    torch ops it replaces, about ten launches, the plan and scratch took 140-340 us per call on the
+    H200; 7-64 us now, benchmarks/probe_gdn_prefill_kernels.py)."""
     n = cu_seqlens.numel() - 1
     max_chunks = total_tokens // chunk_size + n
     dev = cu_seqlens.device
