@@ -3,6 +3,7 @@ what ran, from which run; --only and --resume add to one directory honestly."""
 
 import json
 import tarfile
+import threading
 
 import nbformat
 import pytest
@@ -260,9 +261,12 @@ def test_jobs_start_the_presets_longest_notebooks_first(suite, tmp_path, monkeyp
     assert runner.start_order(["01_first", "02_broken", "03_last"], ["03_last"]) == ["03_last", "01_first", "02_broken"]
     assert runner.start_order(["01_first", "02_broken"], []) == ["01_first", "02_broken"]
     started = []
+    both_started = threading.Barrier(2, timeout=30)
 
     def fake(nb, out, log, result=None, kernel_dir=None, **_):
         started.append(nb.name)
+        if len(started) <= 2:  # the first two run together: the third starts only after one ends
+            both_started.wait()
         result.status, result.duration_s = "ok", 0.1
         return result
 
