@@ -18,7 +18,10 @@ PID = "import os, pathlib\npathlib.Path(out_dir, 'kernel.pid').parent.mkdir(pare
 
 
 def start(nbs, preset, out, *extra):
+    # SIGINT handled as in a terminal's foreground job, even where this test runs in the background
+    # (a shell without job control starts background jobs with SIGINT ignored, and they inherit it)
     code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
         "import sys; from pathlib import Path; from gdn_lab.report import runner; "
         f"runner.NOTEBOOK_DIR = Path({str(nbs)!r}); from gdn_lab.cli import main; sys.exit(main(sys.argv[1:]))"
     )
