@@ -23,36 +23,19 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import add_device_option, bench_device, sync, write_csv  # noqa: E402
-from bench_gdn_prefill import Shape, fresh, prefill_inputs  # noqa: E402
+from bench_gdn_prefill import Shape, call_once, do_bench_us, fresh, prefill_inputs  # noqa: E402
 
 CSV = "probe_gdn_prefill_kernels.csv"
 COLUMNS = ["tokens", "batch", "launch", "block_v", "num_warps", "num_stages", "us", "status", "reason"]
 # (block_v, warps, stages); block_v 64 is left out: on the H200 (Triton 3.6) it faults with an illegal
 # memory access, which poisons the CUDA context for every later launch
 VARIANTS = [(8, 4, 3), (16, 4, 3), (32, 4, 3), (32, 8, 3), (32, 4, 2), (8, 8, 3)]
-
-
-def timer(device: torch.device):
-    """us of one call: do_bench's median on a GPU, one synchronised call on the CPU."""
-    if device.type == "cuda":
-        import triton.testing
-
-        return lambda fn: 1e3 * triton.testing.do_bench(fn, warmup=5, rep=50, return_mode="median")
-
-    def once(fn) -> float:
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        return 1e6 * (time.perf_counter() - start)
-
-    return once
 
 
 def launches(args: dict, device: torch.device) -> dict:
@@ -88,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = Shape(1, 2, 64) if args.smoke else Shape(4, 8, 128)
     cases = [(128, 1), (128, 2)] if args.smoke else [(t, n) for t in (4096, 16384, 65536) for n in (1, 4, 16)]
     variants = VARIANTS[2:3] if args.smoke else VARIANTS
-    time_us = timer(device)
+    # do_bench's median on a GPU, one synchronised call on the CPU (the bench's own timers)
+    time_us = do_bench_us if device.type == "cuda" else (lambda fn: call_once(fn, device)[0])
     rows = []
     for tokens, batch in cases:
         calls = launches(prefill_inputs([tokens // batch] * batch, shape, device, seed=0), device)
