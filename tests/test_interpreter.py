@@ -60,3 +60,60 @@ def test_numpy_dtypes_are_tritons_own():
         assert get(tl.block_type(tl.float32, [4, 8])) == np.float32
         assert get(tl.pointer_type(tl.float32)) == np.uint64
         assert get(tl.block_type(tl.pointer_type(tl.int8), [4])) == np.uint64
+
+
+def _attributes(value) -> dict:
+    return {k: [repr(x) for x in v.values] if isinstance(v, tl.core.tuple) else repr(v) for k, v in vars(value).items()}
+
+
+@pytest.mark.parametrize(
+    "element,shape",
+    [(tl.float32, [4, 8]), (tl.float16, [tl.constexpr(16)]), (tl.pointer_type(tl.int8), [2, 1, 4]), (tl.int1, [1])],
+)
+def test_shared_shapes_build_what_triton_builds(element, shape):
+    """Block types and tensors get the attributes Triton's own constructors give them, on the first
+    (computed) and second (remembered) construction; their shapes compare as Triton compares them."""
+    assert skip_repeated_work()
+    block_init, tensor_init, eq = tl.block_type.__init__, tl.tensor.__init__, tl.core.tuple.__eq__
+    assert all(hasattr(f, "__wrapped__") for f in (block_init, tensor_init, eq)), "installed on this Triton"
+    for _ in range(2):
+        ours, theirs = object.__new__(tl.block_type), object.__new__(tl.block_type)
+        block_init(ours, element, shape)
+        block_init.__wrapped__(theirs, element, shape)
+        assert _attributes(ours) == _attributes(theirs)
+        for our_type, their_type in ((ours, theirs), (element, element)):
+            a, b = object.__new__(tl.tensor), object.__new__(tl.tensor)
+            tensor_init(a, None, our_type)
+            tensor_init.__wrapped__(b, None, their_type)
+            assert _attributes(a) == _attributes(b)
+        extents = [int(s) if isinstance(s, int) else s.value for s in shape]
+        for other in (theirs.shape, extents, extents[::-1], [*extents, 1], [tl.constexpr(e) for e in extents]):
+            assert bool(eq(ours.shape, other)) == bool(eq.__wrapped__(theirs.shape, other))
+
+
+def test_shapes_triton_rejects_still_raise_its_errors():
+    assert skip_repeated_work()
+    tl.block_type(tl.float32, [4, 8])  # remembered
+    with pytest.raises(ValueError, match="power of 2"):
+        tl.block_type(tl.float32, [4, 6])
+    with pytest.raises(TypeError, match="constexpr"):
+        tl.block_type(tl.float32, [4, 8.0])
+    with pytest.raises(TypeError, match="0d block_type"):
+        tl.block_type(tl.float32, [])
+
+
+@triton.jit
+def _broadcast_kernel(x_ptr, y_ptr, out_ptr, N: tl.constexpr, M: tl.constexpr):
+    rows, cols = tl.arange(0, N), tl.arange(0, M)
+    x = tl.load(x_ptr + rows)[:, None]  # [N, 1] against [1, M] and a scalar
+    y = tl.load(y_ptr + cols)[None, :]
+    tl.store(out_ptr + rows[:, None] * M + cols[None, :], x * y + 1.0 - tl.sum(y, 1)[:, None])
+
+
+def test_broadcasts_compute_what_torch_computes():
+    assert skip_repeated_work()
+    x, y = torch.randn(8), torch.randn(4)
+    for _ in range(2):
+        out = torch.full((8, 4), float("nan"))
+        _broadcast_kernel[(1,)](x, y, out, N=8, M=4)
+        assert torch.equal(out, x[:, None] * y[None, :] + 1.0 - y.sum())
