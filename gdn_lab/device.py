@@ -156,8 +156,14 @@ def interpreting() -> bool:
     """
     if _ENV_DATA is not None and _ENV_KEY is not None:
         raw = _ENV_DATA.get(_ENV_KEY)
-        return raw is not None and os.environ.decodevalue(raw).lower() in _TRUE_VALUES
+        return raw is not None and _reads_true(raw)
     return os.environ.get("TRITON_INTERPRET", "").lower() in _TRUE_VALUES
+
+
+@cache
+def _reads_true(raw: bytes | str) -> bool:
+    """Whether an encoded TRITON_INTERPRET value reads as true (cached: decoding it costs more than the lookup)."""
+    return os.environ.decodevalue(raw).lower() in _TRUE_VALUES
 
 
 @cache

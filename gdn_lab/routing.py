@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 Check = tuple[bool, str]
 
@@ -159,11 +159,18 @@ class NotCovered(RuntimeError):
         self.op, self.backend, self.reason = op, backend, reason
 
 
+class _Derived(NamedTuple):
+    """What routing reads from one op's registry, recomputed whenever its backends change."""
+
+    ids: tuple[int, ...]  # the ids of its backends (the key: the lists hold them, so no id is reused)
+    order: list[Backend]  # every backend in auto order, the explicit-only ones last
+    auto: list[Backend]  # the backends `auto` walks (order's head)
+    named: dict[str, str]  # rejection reasons of the backends that never run unnamed
+
+
 _REGISTRY: dict[str, dict[str, Backend]] = {}
-# Per op, derived from the registry: (the ids of its backends, the auto order, the rejection reasons
-# of the backends that never run unnamed). Recomputed whenever the op's backends change (however
-# the registry was changed); the cached lists hold the backends, so their ids cannot be reused.
-_ORDER: dict[str, tuple[tuple[int, ...], list[Backend], dict[str, str]]] = {}
+# Per op, the registry's derived lists (however the registry was changed: `_derived` checks the ids).
+_ORDER: dict[str, _Derived] = {}
 
 
 def register(backend: Backend) -> Backend:
@@ -187,31 +194,23 @@ def ops() -> list[str]:
 
 def backends(op: str) -> list[Backend]:
     """The op's backends in auto order (explicit-only backends last)."""
-    return list(_order(op))
+    return list(_derived(op).order)
 
 
-def _order(op: str) -> list[Backend]:
-    """The auto order (cached; do not mutate: `backends` returns a copy)."""
-    return _derived(op)[1]
-
-
-def _named_only(op: str) -> dict[str, str]:
-    """Rejection reasons of the backends outside the auto order (cached; copy before changing)."""
-    return _derived(op)[2]
-
-
-def _derived(op: str) -> tuple[tuple[int, ...], list[Backend], dict[str, str]]:
+def _derived(op: str) -> _Derived:
+    """The op's derived lists (cached; do not mutate them: copy first)."""
     reg = _REGISTRY.get(op)
     if reg is None:
         raise ValueError(f"op: {op!r} is not known; accepted: {', '.join(_REGISTRY)}")
     ids = tuple(map(id, reg.values()))
     hit = _ORDER.get(op)
-    if hit is not None and hit[0] == ids:
+    if hit is not None and hit.ids == ids:
         return hit
     order = sorted(reg.values(), key=lambda b: (not b.auto, b.priority))
+    auto = [b for b in order if b.auto]
     named = {b.name: "runs only when named (not in the auto order)" for b in order if not b.auto}
-    _ORDER[op] = (ids, order, named)
-    return _ORDER[op]
+    _ORDER[op] = derived = _Derived(ids, order, auto, named)
+    return derived
 
 
 def backend_names(op: str) -> list[str]:
@@ -266,10 +265,9 @@ def decide(op: str, args: Mapping[str, Any], backend: str = "auto") -> Decision:
         if not cov[0]:
             return Decision(op, backend, None, f"not covered: {cov[1]}")
         return Decision(op, backend, b, cov[1])
-    rejected = dict(_named_only(op))
-    for b in _order(op):
-        if not b.auto:
-            continue
+    derived = _derived(op)  # once per call: it walks the registry to see whether it changed
+    rejected = dict(derived.named)
+    for b in derived.auto:
         avail, cov = b.check(args)
         if not avail[0]:
             rejected[b.name] = f"not available: {avail[1]}"

@@ -112,8 +112,8 @@ def launch_cached(kernel: Any, grid: tuple[int, int, int], args: Sequence[Any], 
     active = driver.active
     device = active.get_current_device()
     ck = _COMPILED.get((id(kernel), key, device))
-    hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    if ck is None or any(getattr(h, "calls", h) for h in hooks):
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if ck is None or getattr(enter, "calls", enter) or getattr(exit_, "calls", exit_):
         ck = kernel[grid](*args, **options)
         if ck is not None and hasattr(ck, "packed_metadata"):
             if len(_COMPILED) >= _COMPILED_MAX:

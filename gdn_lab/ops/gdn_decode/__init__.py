@@ -41,19 +41,19 @@ def _signature(q, k, v, a, b, A_log, dt_bias, state, slots, scale, use_qk_l2norm
     Sound for the checks it stands for: they read nothing but these attributes (and the scale and
     flag). A value that is not a tensor has no such attributes (None: the full checks run and
     name it); a numpy array's dtype never equals a torch dtype, so it cannot hit an accepted key.
-    The flat tuple is about 3x cheaper than `checks.signature`'s per-value tuples.
+    The flat tuple is about 3x cheaper than `checks.signature`'s per-value tuples. Not hashed
+    here: hashing it costs as much as building it (a tuple does not keep its hash), so the one
+    lookup in `validate` is its only hash on the accepted path.
     """
     try:
-        key = (
+        return (
             q.shape, q.dtype, q.device, k.shape, k.dtype, k.device, v.shape, v.dtype, v.device,
             a.shape, a.dtype, a.device, b.shape, b.dtype, b.device, A_log.shape, A_log.dtype, A_log.device,
             dt_bias.shape, dt_bias.dtype, dt_bias.device, state.shape, state.dtype, state.device,
             slots.shape, slots.dtype, slots.device, type(scale), scale, type(use_qk_l2norm), use_qk_l2norm,
         )  # fmt: skip
-        hash(key)
-    except (AttributeError, TypeError):
+    except AttributeError:
         return None
-    return key
 
 
 def _check_slots_once(slots: torch.Tensor, num_slots: int) -> None:
@@ -100,7 +100,10 @@ def validate(
     tensor passed unchanged before (`_check_slots_once`).
     """
     key = _signature(q, k, v, a, b, A_log, dt_bias, state, slots, scale, use_qk_l2norm)
-    resolved = _ACCEPTED.get(key) if key is not None else None
+    try:
+        resolved = _ACCEPTED.get(key)  # None for key None (never stored)
+    except TypeError:  # an unhashable scale: the full checks name it
+        key = resolved = None
     if resolved is None:
         dims = checks.Dims()
         resolved = check_gdn_inputs(dims, "B", q, k, v, a, b, A_log, dt_bias, state, scale, use_qk_l2norm)

@@ -17,13 +17,15 @@ counterexample: the same kernel with k_split picked from the batch size by FlyDS
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 from gdn_lab.ops.delta_rule import L2NORM_EPS, SOFTPLUS_THRESHOLD
 from gdn_lab.ops.triton_common import launch_cached, pow2_at_least
-from gdn_lab.ops.triton_support import interpreting
 from gdn_lab.rules import flydsl_gdr_decode
 
 # The fixed config. k_split 8 mirrors FlyDSL's untuned default (WARP_THREADS_K = 8). block_v and
@@ -112,6 +114,11 @@ def _gdn_decode_kernel(
     tl.store(o + i_b * (HV * V) + i_hv * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
 
 
+# Triton decorated the kernel for its interpreter or for the GPU as this module loaded (a kernel
+# runs only in that mode): an interpreted one has no compiled kernel to launch directly.
+_INTERPRETED = isinstance(_gdn_decode_kernel, InterpretedFunction)
+
+
 def _check_power_of_two(name: str, value: object, high: int, why: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1 or value > high or value & (value - 1):
         raise ValueError(f"{name}: expected a power of two in [1, {high}] ({why}), got {value!r}")
@@ -169,6 +176,43 @@ def gdn_decode_triton(
     """
     B, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
+    config = (HK, HV, K, V, k_split, block_v, num_warps, use_qk_l2norm)
+    try:
+        NV, consts = _config(*config)
+    except TypeError:  # an unhashable config value: the checks name it
+        NV, consts = _config.__wrapped__(*config)
+    if not state.is_contiguous():
+        raise ValueError("state: must be contiguous (it is updated in place); got a strided view")
+    out = q.new_empty((B, HV, V))  # q's dtype and device (cheaper than torch.empty spelling them out)
+    if B == 0:
+        return out
+    q, k, v, a, b = q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous()
+    A_log, dt_bias, slots = A_log.contiguous(), dt_bias.contiguous(), slots.contiguous()
+    # Every parameter in signature order (the tensors, scale, then the constexprs).
+    args = (q, k, v, a, b, A_log, dt_bias, state, slots, out, float(scale), *consts)
+    grid = (B * HV * NV, 1, 1)
+    if not CACHED_LAUNCH or _INTERPRETED:
+        _gdn_decode_kernel[grid](*args, num_warps=num_warps)
+        return out
+    # What the compilation depends on besides the device: constexprs and warps, the ten pointers'
+    # dtypes (out's is q's) and whether all are 16-byte aligned (Triton specialises pointers on it;
+    # a misaligned one makes its own key).
+    dtypes = (q.dtype, k.dtype, v.dtype, a.dtype, b.dtype, A_log.dtype, dt_bias.dtype, state.dtype, slots.dtype)
+    aligned = (
+        q.data_ptr() | k.data_ptr() | v.data_ptr() | a.data_ptr() | b.data_ptr() | A_log.data_ptr()
+        | dt_bias.data_ptr() | state.data_ptr() | slots.data_ptr() | out.data_ptr()
+    ) & 15 == 0  # fmt: skip
+    key = (num_warps, consts, dtypes, aligned or tuple(t.data_ptr() & 15 for t in args[:10]))
+    launch_cached(_gdn_decode_kernel, grid, args, key, num_warps=num_warps)
+    return out
+
+
+@lru_cache(maxsize=256, typed=True)  # typed: True == 1, but only the int passes the checks
+def _config(
+    HK: int, HV: int, K: int, V: int, k_split: int | None, block_v: int, num_warps: int, use_qk_l2norm: bool
+) -> tuple[int, tuple]:
+    """(NV, the constexpr arguments HK ... SOFTPLUS_T) for one shape and config, checked once per
+    config: the eager step repeats one (an invalid one raises, and is not cached)."""
     padded_k = pow2_at_least(K, floor=1)
     if k_split is None:
         k_split = default_k_split(K)
@@ -176,35 +220,9 @@ def gdn_decode_triton(
         _check_power_of_two("k_split", k_split, padded_k, f"K={K} is padded to {padded_k}")
     _check_power_of_two("block_v", block_v, 1024, "V rows per program")
     _check_power_of_two("num_warps", num_warps, 32, "warps per program")
-    if not state.is_contiguous():
-        raise ValueError("state: must be contiguous (it is updated in place); got a strided view")
     BV = min(block_v, pow2_at_least(V, floor=1))
-    out = torch.empty((B, HV, V), dtype=q.dtype, device=q.device)
-    if B == 0:
-        return out
     NV = -(-V // BV)  # V tiles per head
-    q, k, v, a, b = q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous()
-    A_log, dt_bias, slots = A_log.contiguous(), dt_bias.contiguous(), slots.contiguous()
-    # Every parameter in signature order (the tensors, scale, then the constexprs).
-    args = (
-        q, k, v, a, b, A_log, dt_bias, state, slots, out, float(scale),
-        HK, HV, K, V, BV, NV, k_split, padded_k // k_split, use_qk_l2norm, L2NORM_EPS, SOFTPLUS_THRESHOLD,
-    )  # fmt: skip
-    grid = (B * HV * NV, 1, 1)
-    if not CACHED_LAUNCH or interpreting():
-        _gdn_decode_kernel[grid](*args, num_warps=num_warps)
-        return out
-    # What the compilation depends on besides the device: constexprs and warps, the ten pointers'
-    # dtypes and whether all are 16-byte aligned (Triton specialises pointers on it; a misaligned
-    # one makes its own key).
-    ptrs = args[:10]
-    aligned = (
-        q.data_ptr() | k.data_ptr() | v.data_ptr() | a.data_ptr() | b.data_ptr() | A_log.data_ptr()
-        | dt_bias.data_ptr() | state.data_ptr() | slots.data_ptr() | out.data_ptr()
-    ) & 15 == 0  # fmt: skip
-    key = (num_warps, args[11:], tuple(t.dtype for t in ptrs), aligned or tuple(t.data_ptr() & 15 for t in ptrs))
-    launch_cached(_gdn_decode_kernel, grid, args, key, num_warps=num_warps)
-    return out
+    return NV, (HK, HV, K, V, BV, NV, k_split, padded_k // k_split, use_qk_l2norm, L2NORM_EPS, SOFTPLUS_THRESHOLD)
 
 
 def control_k_split(

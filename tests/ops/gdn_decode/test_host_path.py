@@ -1,7 +1,11 @@
 """The eager path's shortcuts keep full validation: a cheaper signature key, slot values checked once
-per (tensor, version, pointer), the cached routing order, and the cached compiled-kernel launch."""
+per (tensor, version, pointer), the cached routing order, the Triton wrapper's config checked once
+per config, and the cached compiled-kernel launch."""
 
 from __future__ import annotations
+
+import dataclasses
+import re
 
 import pytest
 import torch
@@ -71,6 +75,9 @@ def test_signature_key_rejects_what_the_checks_reject():
     with pytest.raises(ValueError, match="scale"):
         SPEC.validate(**case, scale=-1.0)
     assert gdn_module._signature(*case.values(), None, True) != gdn_module._signature(*case.values(), None, 1)
+    # An unhashable scale cannot be looked up: the full checks run and name it.
+    with pytest.raises(ValueError, match=r"scale: expected a positive float or None .*got \[0\.5\]"):
+        SPEC.validate(**case, scale=[0.5])
 
 
 def test_routing_order_follows_registry_changes():
@@ -83,6 +90,34 @@ def test_routing_order_follows_registry_changes():
     finally:
         routing._REGISTRY[op].pop(extra.name)
     assert routing.decide(op, SPEC.validate(**_case()), "auto").name == first.name
+
+
+def test_auto_order_follows_a_backend_replaced_under_its_name(monkeypatch):
+    """The same names, one replaced by an explicit-only copy: auto skips it and says why."""
+    op = "gdn_decode"
+    args = SPEC.validate(**_case())
+    first = routing.decide(op, args, "auto")
+    monkeypatch.setitem(routing._REGISTRY[op], first.name, dataclasses.replace(first.backend, auto=False))
+    replaced = routing.decide(op, args, "auto")
+    assert replaced.name != first.name
+    assert replaced.rejected[first.name] == "runs only when named (not in the auto order)"
+    monkeypatch.undo()
+    assert routing.decide(op, args, "auto").name == first.name
+
+
+def test_wrapper_config_checked_as_before_once_cached():
+    """The config cache keys on types: k_split=True equals 1, but only 1 passes; unhashable values
+    reach the checks too."""
+    from gdn_lab.ops.gdn_decode.triton_kernels import gdn_decode_triton
+
+    args = SPEC.validate(**_case())
+    gdn_decode_triton(**args, k_split=1)  # cached
+    for bad in (True, 1.0, [1], 32):
+        expected = rf"k_split: expected a power of two in \[1, 16\] .*got {re.escape(repr(bad))}$"
+        with pytest.raises(ValueError, match=expected):
+            gdn_decode_triton(**args, k_split=bad)
+    with pytest.raises(ValueError, match=r"block_v: expected a power of two in \[1, 1024\] .*got \[8\]"):
+        gdn_decode_triton(**args, block_v=[8])
 
 
 def test_public_path_result_unchanged_by_the_shortcuts(device):
