@@ -567,12 +567,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def skip_iri_grammar() -> None:
+    """Leave rfc3987_syntax unimported in this process (unless something imported it already).
+
+    jsonschema, which nbformat (papermill's notebook format) imports, loads rfc3987_syntax where
+    it is installed (jupyter-events pulls it in) for its optional "iri" format checks, and that
+    module builds its grammar on import: 3-5 s of every command that reads a notebook, before
+    anything runs. Nothing here checks an IRI: nbformat validates notebooks without format
+    checkers. A module marked None in sys.modules raises ImportError, which jsonschema expects.
+    """
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    skip_iri_grammar()
     try:
         return args.func(args)
     except KeyboardInterrupt:

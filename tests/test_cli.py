@@ -110,3 +110,23 @@ def test_env_labels_aiters_arch_as_the_default_emulation(capsys):
             assert main(["env", "--device", "cpu"]) == 0
         inside = capsys.readouterr().out
         assert "gfx942  (set by an active aiter.emulate() block)" in inside
+
+
+def test_commands_leave_the_iri_grammar_unimported(tmp_path):
+    """A command's process never builds rfc3987_syntax's grammar (seconds on import), and notebooks
+    still read and validate; a module imported before is left as it is."""
+    nb = tmp_path / "a.ipynb"
+    script = f"""
+import sys
+from gdn_lab.cli import skip_iri_grammar
+skip_iri_grammar()
+import jsonschema, nbformat
+nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), {str(nb)!r})
+nbformat.validate(nbformat.read({str(nb)!r}, as_version=4))
+print(sys.modules["rfc3987_syntax"] is None)
+sys.modules["rfc3987_syntax"] = "already imported"
+skip_iri_grammar()
+print(sys.modules["rfc3987_syntax"])
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "already", "imported"]
