@@ -22,7 +22,6 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from gdn_lab.ops.delta_rule import L2NORM_EPS, SOFTPLUS_THRESHOLD
 from gdn_lab.ops.triton_common import launch_cached, pow2_at_least
@@ -116,7 +115,7 @@ def _gdn_decode_kernel(
 
 # Triton decorated the kernel for its interpreter or for the GPU as this module loaded (a kernel
 # runs only in that mode): an interpreted one has no compiled kernel to launch directly.
-_INTERPRETED = isinstance(_gdn_decode_kernel, InterpretedFunction)
+_INTERPRETED = type(_gdn_decode_kernel).__name__ == "InterpretedFunction"  # (no import of the interpreter on a GPU)
 
 
 def _check_power_of_two(name: str, value: object, high: int, why: str) -> None:
