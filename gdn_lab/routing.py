@@ -302,9 +302,12 @@ def route(op: str, args: Mapping[str, Any], backend: str = "auto") -> Decision:
 
 
 class DispatchObserver(Protocol):
-    """Sees every call `dispatch` runs: `before` with its inputs, `after` with its result."""
+    """Sees every call `dispatch` runs: `before` with its inputs, `after` with its result; the
+    backend runs inside each observer's `running` context (exited however the run ends)."""
 
     def before(self, op: str, decision: Decision, args: Mapping[str, Any]) -> None: ...
+
+    def running(self, op: str) -> contextlib.AbstractContextManager[Any]: ...
 
     def after(self, op: str, decision: Decision, args: Mapping[str, Any], result: Any) -> None: ...
 
@@ -324,7 +327,7 @@ def observe(observer: DispatchObserver) -> Iterator[DispatchObserver]:
 
 def dispatch(op: str, args: Mapping[str, Any], backend: str = "auto") -> tuple[Any, Decision]:
     """Route and run: (output, decision). Observers (`observe`) see the inputs before the run,
-    since in-place ops overwrite them, and the result after."""
+    since in-place ops overwrite them, the run inside their `running` contexts, and the result after."""
     d = route(op, args, backend)
     assert d.backend is not None
     if not _OBSERVERS:
@@ -332,7 +335,10 @@ def dispatch(op: str, args: Mapping[str, Any], backend: str = "auto") -> tuple[A
     watching = list(_OBSERVERS)
     for o in watching:
         o.before(op, d, args)
-    result = d.backend.run(**args)
+    with contextlib.ExitStack() as stack:
+        for o in watching:
+            stack.enter_context(o.running(op))
+        result = d.backend.run(**args)
     for o in watching:
         o.after(op, d, args, result)
     return result, d

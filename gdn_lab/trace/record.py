@@ -425,6 +425,7 @@ class _Recorder:
         self.frames: list[_Frame] = []
         self.module_depth = 0
         self.labop_depth = 0
+        self.mode: _FunctionMode | None = None  # level="ops": the function mode, while the block runs
 
     def label(self, path: str) -> str:
         return path or self.root
@@ -497,6 +498,16 @@ class _Recorder:
             frame.entry.outputs = self.trace._hash(_tensors(output, "out"), frame.entry.layout, frame.entry.index)
 
     # -- lab ops (routing.observe) --
+
+    def running(self, op: str) -> contextlib.AbstractContextManager[Any]:
+        """The lab op's backend runs with this recorder's function mode off the mode stack, where
+        it is on top: its internals are never recorded, and each of their torch calls (hundreds in
+        a torch reference, dozens of metadata reads in a Triton wrapper and its launcher) would
+        otherwise pay a Python call into the mode (1-3 us on the CPU). A mode entered later (on
+        top) stays, and so does ours beneath it: `labop_depth` passes those calls by."""
+        if self.mode is None or torch.overrides._get_current_function_mode() is not self.mode:
+            return contextlib.nullcontext()
+        return torch.overrides._pop_mode_temporarily()
 
     def before(self, op: str, decision: routing.Decision, args: Mapping[str, Any]) -> None:
         module, parent = self._enclosing()
@@ -694,5 +705,5 @@ def record(
         stack.enter_context(_module_hooks(rec))
         if level == "ops":
             stack.enter_context(routing.observe(rec))
-            stack.enter_context(_FunctionMode(rec))
+            rec.mode = stack.enter_context(_FunctionMode(rec))
         yield trace

@@ -298,3 +298,48 @@ def test_a_hugging_face_model_built_from_a_config():
     logits = next(e for e in tr.entries if e.name == "Qwen3ForCausalLM").outputs
     assert any(r.path == "out['logits']" and r.alignment == "requests" for r in logits)
     assert hooks_left(model) == 0 and modes_left() == 0
+
+
+def test_lab_op_backends_run_without_the_recorders_mode(monkeypatch):
+    """A lab op's backend runs with the recorder's function mode off the stack, where it is on top
+    (its calls are not the model's: each would pay a Python call into the mode), and the mode is
+    back after the op, also when the op raises; a mode entered inside the block stays on top, and
+    the backend's calls are still not recorded then."""
+    from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+    from gdn_lab import routing
+
+    stacks = []
+
+    def spy(x, w):
+        stacks.append(list(_get_current_function_mode_stack()))
+        if x.shape[0] == 3:
+            raise RuntimeError("backend failed")
+        return F.silu(x @ w)  # internals: never recorded
+
+    backend = routing.Backend("matmul", "spy", spy, library=routing.LIBRARY_TORCH, priority=0)
+    monkeypatch.setitem(routing._REGISTRY["matmul"], "spy", backend)
+
+    class Step(nn.Module):
+        def forward(self, x):
+            return torch.tanh(matmul(x, torch.eye(4), backend="spy"))
+
+    class Outer(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    step, lay = Step(), Layout.per_request([0, 1])
+    with record(step, lay, level="ops") as tr:
+        ours = _get_current_function_mode_stack()[-1]
+        step(torch.randn(2, 4))
+        assert stacks[-1] == [] and _get_current_function_mode_stack() == [ours]
+        with pytest.raises(RuntimeError, match="backend failed"):
+            step(torch.randn(3, 4))
+        assert stacks[-1] == [] and _get_current_function_mode_stack() == [ours]
+        with Outer() as outer:
+            step(torch.randn(2, 4))
+            assert stacks[-1] == [ours, outer]
+    assert modes_left() == 0
+    names = [e.name for e in tr.entries if e.kind != "module"]
+    call = ["Step.torch.eye", "Step.matmul"]  # the backend's silu and @ are not among them
+    assert names == [*call, "Step.torch.tanh", *call, *call, "Step.torch.tanh"], names
