@@ -115,7 +115,8 @@ def _memoized_np_dtype(get_np_dtype: Any) -> Any:
 
 def _shared_shapes(core: Any) -> bool:
     """Replace tl.tensor's and tl.block_type's constructors by ones that reuse, per shape, what
-    Triton's own derive from the shape alone; True if installed (see the module docstring).
+    Triton's own derive from the shape alone, and triton.language's tuple equality by one that
+    compares remembered shapes directly; True if installed (see the module docstring).
 
     Sound because none of it is changed in place: a block type's shape is a triton.language tuple
     of ints, its numel an int and its name a string; a tensor's shape is a tuple of constexprs. A
@@ -143,15 +144,19 @@ def _shared_shapes(core: Any) -> bool:
         self.numel, self.shape = numel, shape
 
     def shared_block_init(self: Any, element_ty: Any, shape: Any) -> None:
-        extents = [s.value if type(s) is constexpr else s for s in shape]
-        try:  # the extents' types are part of the key: 8.0 == 8, but Triton rejects 8.0
-            known = blocks.get((element_ty.name, *extents, *map(type, extents)))
-        except TypeError:  # an unhashable extent
-            known = None
+        name = getattr(element_ty, "name", None)  # a dtype's (its str); anything else is not remembered
+        known = None
+        if type(name) is str:
+            try:  # the extents' types are part of the key: 8.0 == 8, but Triton rejects 8.0
+                extents = [s.value if type(s) is constexpr else s for s in shape]
+                known = blocks.get((name, *extents, *map(type, extents)))
+            except TypeError:  # not a sequence, or an unhashable extent: Triton's own says why
+                pass
         if known is None:
             block_init(self, element_ty, shape)  # validates, or raises
-            blocks[(element_ty.name, *self.shape, *map(type, self.shape))] = (self.shape, self.numel, self.name)
-            of_shape[id(self.shape)] = (self.shape, *tensor_shape(self.shape))
+            if type(name) is str:
+                blocks[(name, *self.shape, *map(type, self.shape))] = (self.shape, self.numel, self.name)
+                of_shape[id(self.shape)] = (self.shape, *tensor_shape(self.shape))
             return
         self.element_ty = element_ty
         self.shape, self.numel, self.name = known
