@@ -302,12 +302,11 @@ def route(op: str, args: Mapping[str, Any], backend: str = "auto") -> Decision:
 
 
 class DispatchObserver(Protocol):
-    """Sees every call `dispatch` runs: `before` with its inputs, `after` with its result; the
-    backend runs inside each observer's `running` context (exited however the run ends)."""
+    """Sees every call `dispatch` runs: `before` with its inputs, `after` with its result. An
+    observer may also have `running(op) -> context manager`: the backend then runs inside that
+    context, exited however the run ends (the trace recorder steps its function mode aside there)."""
 
     def before(self, op: str, decision: Decision, args: Mapping[str, Any]) -> None: ...
-
-    def running(self, op: str) -> contextlib.AbstractContextManager[Any]: ...
 
     def after(self, op: str, decision: Decision, args: Mapping[str, Any], result: Any) -> None: ...
 
@@ -337,7 +336,9 @@ def dispatch(op: str, args: Mapping[str, Any], backend: str = "auto") -> tuple[A
         o.before(op, d, args)
     with contextlib.ExitStack() as stack:
         for o in watching:
-            stack.enter_context(o.running(op))
+            running = getattr(o, "running", None)
+            if running is not None:
+                stack.enter_context(running(op))
         result = d.backend.run(**args)
     for o in watching:
         o.after(op, d, args, result)

@@ -120,3 +120,37 @@ def test_explain_every_op_on_the_cpu(op):
         assert r["reason"], r
         if not r["auto"]:
             assert not r["chosen"]
+
+
+def test_observers_see_each_call_and_may_wrap_the_run(registry):
+    """An observer with before/after only sees the call; one with `running` also has the backend
+    run inside its context, which exits when the run raises too."""
+    import contextlib
+
+    log = []
+
+    class Plain:
+        def before(self, op, d, args):
+            log.append(("before", d.name))
+
+        def after(self, op, d, args, result):
+            log.append(("after", result))
+
+    class Wrapping(Plain):
+        @contextlib.contextmanager
+        def running(self, op):
+            log.append("enter")
+            try:
+                yield
+            finally:
+                log.append("exit")
+
+    with routing.observe(Plain()), routing.observe(Wrapping()):
+        assert routing.dispatch("toy", {"x": 1})[0] == "slow"
+    assert log == [("before", "slow"), ("before", "slow"), "enter", "exit", ("after", "slow"), ("after", "slow")]
+    log.clear()
+    boom = routing.Backend("toy", "boom", lambda x: 1 / 0, library=routing.LIBRARY_TORCH, priority=9)
+    routing.register(boom)
+    with routing.observe(Wrapping()), pytest.raises(ZeroDivisionError):
+        routing.dispatch("toy", {"x": 1}, "boom")
+    assert log == [("before", "boom"), "enter", "exit"]
