@@ -14,13 +14,15 @@ Three kinds of call are recorded:
 - `lab_op` (level="ops"): every gdn_lab.ops call in the block, with the backend that ran, seen
   through `gdn_lab.routing.observe`; its cache arguments are hashed per request through their
   slots and page tables (`gdn_lab.trace.op_views`). Torch calls inside a lab op (its backend's
-  internals, which loop per request in the references) are not recorded: the op is the unit.
+  internals, which loop per request in the references) are not recorded: the op is the unit, and
+  its backend runs with the function mode stepped aside (`_Recorder.running`).
 
 Why a TorchFunctionMode and not a TorchDispatchMode: it sees the call the model code wrote, under
 that name, before CompositeImplicit ops decompose into aten pieces, so the culprit is reported as
 `layers.1.mixer.F.softplus`, the line a user can change; the same call is recorded on every device
 and with or without autograd. What it costs: one Python call per torch call in a module's forward
-(about a microsecond on the CPU, metadata getters included), plus the hashing of recorded calls.
+(1-3.5 us on a 2-core CPU VM, metadata getters included: `x.shape` takes 0.3 us plain and 3.1 us
+through the mode), plus the hashing of recorded calls.
 It does not see inside C++ composites (F.linear, SDPA); those calls are recorded as one.
 
 Hashes are taken at hook time, because in-place ops (a fused add-RMSNorm, a cache write) overwrite
