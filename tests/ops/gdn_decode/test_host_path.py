@@ -105,12 +105,12 @@ def test_auto_order_follows_a_backend_replaced_under_its_name(monkeypatch):
     assert routing.decide(op, args, "auto").name == first.name
 
 
-def test_wrapper_config_checked_as_before_once_cached():
+def test_wrapper_config_checked_as_before_once_cached(device):
     """The config cache keys on types: k_split=True equals 1, but only 1 passes; unhashable values
     reach the checks too."""
     from gdn_lab.ops.gdn_decode.triton_kernels import gdn_decode_triton
 
-    args = SPEC.validate(**_case())
+    args = SPEC.validate(**_case(device=device))  # the kernel runs once: on the session's device
     gdn_decode_triton(**args, k_split=1)  # cached
     for bad in (True, 1.0, [1], 32):
         expected = rf"k_split: expected a power of two in \[1, 16\] .*got {re.escape(repr(bad))}$"
