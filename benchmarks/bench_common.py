@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -109,6 +111,14 @@ def write_csv(rows: Sequence[dict], columns: Sequence[str], out: str | Path, nam
     path = out / name
     os.replace(tmp, path)
     return path
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """(wall seconds, the finished process, output captured as text) of one `gdn-lab` command in a
+    fresh interpreter: imports and all, nothing cached in memory from this process."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "gdn_lab.cli", *args], env=env, capture_output=True, text=True)
+    return time.perf_counter() - start, done
 
 
 def time_once(run: Callable[[object], object], device: torch.device, state: object = None) -> float:

@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import write_csv  # noqa: E402
+from bench_common import run_cli, write_csv  # noqa: E402
 
 CSV = "bench_gate.csv"
 
@@ -48,9 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             ("fingerprint", ["fingerprint", "--preset", preset, "--out", str(golden), "--quiet"]),
             ("check", ["check", "--golden", str(golden), "--quiet"]),
         ):
-            start = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "gdn_lab.cli", *cmd], env=env, capture_output=True, text=True)
-            seconds = time.perf_counter() - start
+            seconds, done = run_cli(*cmd, env=env)
             print(f"{name}: {seconds:.1f} s, exit {done.returncode}", file=sys.stderr)
             if done.returncode not in (0, 1):
                 print(done.stderr[-3000:], file=sys.stderr)

@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import add_device_option, write_csv  # noqa: E402
+from bench_common import add_device_option, run_cli, write_csv  # noqa: E402
 
 CSV = "bench_suite.csv"
 COLUMNS = [
@@ -44,13 +42,6 @@ COLUMNS = [
     "notebooks_ok",
     "same_tables",
 ]
-
-
-def gdn_lab(*args: str, env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
-    """(wall seconds, the process) of one `gdn-lab` command in a fresh interpreter."""
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "gdn_lab.cli", *args], env=env, capture_output=True, text=True)
-    return time.perf_counter() - start, done
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             for cold in (True, False):
                 run_dir = out / "runs" / f"{preset}-jobs{n}-{'cold' if cold else 'warm'}"
                 cmd = ["run", "--preset", preset, "--jobs", str(n), "--out", str(run_dir), *extra]
-                seconds, done = gdn_lab(*cmd, env=env)
+                seconds, done = run_cli(*cmd, env=env)
                 summary = (
                     json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
                 )
@@ -89,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 if first is None:
                     first = run_dir
                 elif done.returncode == 0:
-                    same = gdn_lab("compare", str(first), str(run_dir))[1].returncode == 0
+                    same = run_cli("compare", str(first), str(run_dir))[1].returncode == 0
                 fp = {f"env_{k}": v for k, v in summary.get("fingerprint", {}).items()}
                 base = {"preset": preset, "jobs": n, "cold": cold, **fp}
                 rows.append({

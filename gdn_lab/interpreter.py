@@ -38,14 +38,19 @@ _MARK = "__gdn_lab_skips_repeated_work__"
 
 
 def skip_repeated_work() -> bool:
-    """Install the wrappers in this process (once; later calls do nothing). Only under the
-    interpreter: tl.tensor and tl.block_type also serve Triton's compiler.
+    """Install the wrappers in this process when Triton's interpreter is on (once; later calls do
+    nothing). Off the interpreter nothing is touched: tl.tensor and tl.block_type also serve
+    Triton's compiler.
 
     Returns:
-        True if the launch and dtype wrappers are in place: this Triton's interpreter has
-        `_patch_lang` and `_get_np_dtype` (Triton 3.9 does); False otherwise, when the interpreter
-        is left as it is. The shared shapes come with them where their self-check passes.
+        True if the launch and dtype wrappers are in place: the interpreter is on and has
+        `_patch_lang` and `_get_np_dtype` (Triton 3.9's does); False otherwise, when Triton is left
+        as it is. The shared shapes come with them where their self-check passes.
     """
+    from gdn_lab.device import interpreting
+
+    if not interpreting():
+        return False
     from triton.language import core
     from triton.runtime import interpreter
 

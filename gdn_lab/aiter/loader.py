@@ -199,8 +199,7 @@ def load(kernel: str, arch: str | None = None) -> ModuleType:
     if not on_rocm():
         checks.check_choice("arch", arch, tuple(EMULATED_DEVICES))
     interpret = interpreting()
-    if interpret:  # AITER's kernels call device functions as ours do
-        skip_repeated_work()
+    skip_repeated_work()  # under the interpreter: AITER's kernels call device functions as ours do
     key = (kernel, arch, interpret)
     if key in _STATE.failures:
         raise AiterUnavailable(_STATE.failures[key])

@@ -19,8 +19,7 @@ from triton.runtime import driver
 from gdn_lab.interpreter import skip_repeated_work
 from gdn_lab.ops.triton_support import interpreting
 
-if interpreting():
-    skip_repeated_work()
+skip_repeated_work()
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 

@@ -20,8 +20,7 @@ from gdn_lab.device import detect
 from gdn_lab.interpreter import skip_repeated_work
 from gdn_lab.ops.triton_support import interpreting
 
-if interpreting():
-    skip_repeated_work()  # as triton_common does for the other kernel modules
+skip_repeated_work()  # under the interpreter, as triton_common does for the other kernel modules
 
 _GPU_MAX_BLOCK = 4096
 _INTERPRETER_MAX_BLOCK = 256
