@@ -234,10 +234,14 @@ class Rows:
     """A tensor's row values (the row stage) in a HashSink's arena: rows [start, start + n) of its
     device's arena, with the salt of its dtype and shape."""
 
-    device: torch.device
+    arena: _Arena
     start: int
     n: int
     salt: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.arena.device
 
 
 class _Arena:
@@ -250,24 +254,24 @@ class _Arena:
         self.chunks: list[torch.Tensor] = []
         self.start = 0  # arena row of the last chunk's first row
         self.fill = 0  # rows used in the last chunk
+        self.capacity = 0  # rows of the last chunk
         # one (rows, seg, pos, base, whole slot) per use of a tensor's rows: its rows to slots
         # base + seg at positions pos (seg None: none), its whole hash to the whole slot (None: none)
         self.added: list[tuple[Rows, torch.Tensor | None, torch.Tensor | None, int, int | None]] = []
 
     def rows(self, t: torch.Tensor) -> Rows:
         words, n, f, salt = _words(t)
-        if not self.chunks or self.fill + n > self.chunks[-1].numel():
+        if self.fill + n > self.capacity:
             # Zeros (the Triton row stage adds wide rows' column blocks into them); normal tensors
             # even inside inference_mode, so a later forward outside it can still write them.
             with torch.inference_mode(False):
                 chunk = torch.zeros(max(n, self.CHUNK), dtype=torch.int64, device=self.device)
-            if self.chunks:
-                self.start += self.chunks[-1].numel()
+            self.start += self.capacity
             self.chunks.append(chunk)
-            self.fill = 0
+            self.fill, self.capacity = 0, chunk.numel()
         if n:
             row_values(words, n, f, self.impl, self.chunks[-1], self.fill)
-        rows = Rows(self.device, self.start + self.fill, n, salt)
+        rows = Rows(self, self.start + self.fill, n, salt)
         self.fill += n
         return rows
 
@@ -327,6 +331,7 @@ class HashSink:
         self.impl = impl
         self.n_slots = 1
         self._arenas: dict[torch.device, _Arena] = {}
+        self._last: _Arena | None = None  # the arena used last
         self._read: np.ndarray | None = None
         self.n_tensors = 0  # tensors added
         self.n_read = 0  # row stages run (tensors read from memory)
@@ -337,9 +342,13 @@ class HashSink:
         return base
 
     def _arena(self, device: torch.device) -> _Arena:
+        last = self._last
+        if last is not None and last.device == device:  # one device per trace, most often
+            return last
         arena = self._arenas.get(device)
         if arena is None:
             arena = self._arenas[device] = _Arena(device, resolve_impl(self.impl, device))
+        self._last = arena
         return arena
 
     def rows(self, t: torch.Tensor) -> Rows:
@@ -358,8 +367,8 @@ class HashSink:
     ) -> None:
         """Add t (a tensor, read now, or the Rows of one): its rows to slots base + seg (when seg
         is given; a negative seg drops the row), its whole hash to `whole_slot` (when given)."""
-        rows = t if isinstance(t, Rows) else self.rows(t)
-        self._arena(rows.device).added.append((rows, seg, pos, base, whole_slot))
+        rows = t if type(t) is Rows else self.rows(t)
+        rows.arena.added.append((rows, seg, pos, base, whole_slot))
         self._read = None
         self.n_tensors += 1
 

@@ -201,11 +201,15 @@ class Layout:
     def alignment(self, t: torch.Tensor) -> str:
         """How `t`'s rows map to requests: "tokens", "requests", "padded" or "unaligned" (by its
         leading dim only; a padded layout also reads the second)."""
-        if t.dim() == 0:
+        return self.alignment_of(t.shape)
+
+    def alignment_of(self, shape: Sequence[int]) -> str:
+        """`alignment` of a tensor of this shape."""
+        if not shape:
             return UNALIGNED
-        n = t.shape[0]
+        n = shape[0]
         if self.lengths is not None:
-            if t.dim() >= 2 and n == self.num_requests and t.shape[1] == self.padded_len:
+            if len(shape) >= 2 and n == self.num_requests and shape[1] == self.padded_len:
                 return PADDED
             if n == self.num_rows and self.num_rows != self.num_requests:
                 return TOKENS

@@ -184,6 +184,7 @@ class Trace:
         self._sink = sink
         self._entries: list[Entry] = []
         self._counts: dict[tuple[int, str], int] = {}
+        self._descriptions: dict[tuple[Layout, torch.dtype, torch.Size], tuple[str, tuple[int, ...], str]] = {}
 
     @property
     def layout(self) -> Layout:
@@ -282,7 +283,7 @@ class Trace:
         self._entries.append(entry)
         return entry
 
-    def _rows(self, t: torch.Tensor, flatten: bool, since: int) -> Rows:
+    def _rows(self, t: torch.Tensor, shape: torch.Size, flatten: bool, since: int) -> Rows:
         """t's row values: those read earlier by a call that began after entry `since`, if t is the
         same tensor with the same bits as far as torch can tell (object, version counter, pointer,
         shape, strides), else read now."""
@@ -290,29 +291,39 @@ class Trace:
             return self._sink.rows(t.flatten(0, 1) if flatten else t)
         key = (id(t), flatten)
         seen = self._seen.get(key)
-        state = (t._version, t.data_ptr(), t.shape, t.stride())
+        state = (t._version, t.data_ptr(), shape, t.stride())
         if seen is not None and seen[0] > since and seen[1]() is t and seen[2] == state:
             return seen[3]
         rows = self._sink.rows(t.flatten(0, 1) if flatten else t)
         self._seen[key] = (len(self._entries) - 1, weakref.ref(t), state, rows)
         return rows
 
+    def _described(self, layout: Layout, dtype: torch.dtype, shape: torch.Size) -> tuple[str, tuple[int, ...], str]:
+        """(alignment, shape as a tuple, dtype name) of a tensor's metadata, once per signature: a
+        forward hashes the same few shapes hundreds of times."""
+        key = (layout, dtype, shape)
+        found = self._descriptions.get(key)
+        if found is None:
+            found = self._descriptions[key] = (layout.alignment_of(shape), tuple(shape), _dtype_name(dtype))
+        return found
+
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1) -> list[TensorRecord]:
         """Hash each tensor; rows read by calls that began after entry `since` may be reused."""
         records = []
         sink = self._sink
         for path, t in items:
-            alignment = layout.alignment(t)
-            whole = sink.slots(1)
-            rows = self._rows(t, alignment == PADDED, since)
+            shape = t.shape
+            alignment, dims, dtype = self._described(layout, t.dtype, shape)
+            rows = self._rows(t, shape, alignment == PADDED, since)
             if alignment == UNALIGNED:
+                whole, base = sink.slots(1), -1
                 sink.add(rows, whole_slot=whole)
-                base = -1
-            else:
-                seg, pos = layout.rows(alignment, rows.device)
-                base = sink.slots(layout.num_requests)
+            else:  # the whole-tensor slot, then one per request
+                seg, pos = layout.rows(alignment, rows.arena.device)
+                whole = sink.slots(1 + layout.num_requests)
+                base = whole + 1
                 sink.add(rows, seg=seg, pos=pos, base=base, whole_slot=whole)
-            records.append(TensorRecord(path, tuple(t.shape), _dtype_name(t.dtype), alignment, layout, base, whole))
+            records.append(TensorRecord(path, dims, dtype, alignment, layout, base, whole))
         return records
 
     def _hash_views(self, items: Iterable[tuple[str, RowsView]], layout: Layout) -> list[TensorRecord]:
@@ -337,24 +348,32 @@ def _hashable(t: torch.Tensor) -> bool:
 
 def _tensors(obj: Any, path: str) -> list[tuple[str, torch.Tensor]]:
     """Tensors nested in tuples, lists and dicts, with their paths; other containers are opaque."""
-    if type(obj) in _PLAIN:
+    kind = type(obj)
+    if kind in _PLAIN:
         return []
+    if kind is torch.Tensor:  # the common case first: it runs at every hook
+        return [(path, obj)] if _hashable(obj) else []
     found: list[tuple[str, torch.Tensor]] = []
     _collect(obj, path, found)
     return found
 
 
 def _collect(obj: Any, path: str, found: list[tuple[str, torch.Tensor]]) -> None:
-    if isinstance(obj, torch.Tensor):
+    # Exact types are tested before isinstance: an ABC check (Mapping) costs a microsecond, and
+    # most values in a module's kwargs are None, bools and ints.
+    kind = type(obj)
+    if kind in _PLAIN:
+        return
+    if kind is torch.Tensor or isinstance(obj, torch.Tensor):
         if _hashable(obj):
             found.append((path, obj))
-    elif isinstance(obj, (tuple, list)):
+    elif kind is tuple or kind is list or isinstance(obj, (tuple, list)):
         for i, x in enumerate(obj):
-            if isinstance(x, (torch.Tensor, tuple, list, Mapping)):  # skip the path of a plain value
+            if type(x) not in _PLAIN:
                 _collect(x, f"{path}[{i}]", found)
-    elif isinstance(obj, Mapping):
+    elif kind is dict or isinstance(obj, Mapping):
         for k, x in obj.items():
-            if isinstance(x, (torch.Tensor, tuple, list, Mapping)):
+            if type(x) not in _PLAIN:
                 _collect(x, f"{path}[{k!r}]", found)
 
 
@@ -389,21 +408,29 @@ def _aliases(outputs: list[tuple[str, torch.Tensor]], inputs: list[tuple[str, to
     return all(id(_root(t)) in roots for _, t in outputs)
 
 
+_DisableTorchFunction = torch._C.DisableTorchFunction
+_is_grad_enabled = torch._C.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+
+
 class _quiet:
     """The recorder's own torch calls must not reach any TorchFunctionMode (ours would record them)
-    nor build autograd graphs. A class, not a generator context manager: it runs at every hook."""
+    nor build autograd graphs. A class, not a generator context manager: it runs at every hook
+    (and grad mode is only touched when it is on: inference runs without it)."""
 
     __slots__ = ("_grad", "_off")
 
     def __enter__(self) -> None:
         # torch functions off first: the grad-mode calls would reach the mode too
-        self._off = torch._C.DisableTorchFunction()
+        self._off = _DisableTorchFunction()
         self._off.__enter__()
-        self._grad = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
+        self._grad = _is_grad_enabled()
+        if self._grad:
+            _set_grad_enabled(False)
 
     def __exit__(self, *exc: object) -> None:
-        torch._C._set_grad_enabled(self._grad)
+        if self._grad:
+            _set_grad_enabled(True)
         self._off.__exit__(*exc)
 
 
