@@ -247,7 +247,9 @@ class Rows:
 class _Arena:
     """One device's row values, filled chunk by chunk, with what each added tensor needs to be combined."""
 
-    CHUNK = 1 << 16
+    # Chunks double from FIRST to LAST rows: zeroing one 2^16-row chunk took 0.4 ms on the CPU,
+    # per trace, a tenth of a small model's recording.
+    FIRST, LAST = 1 << 10, 1 << 16
 
     def __init__(self, device: torch.device, impl: str) -> None:
         self.device, self.impl = device, impl
@@ -265,7 +267,8 @@ class _Arena:
             # Zeros (the Triton row stage adds wide rows' column blocks into them); normal tensors
             # even inside inference_mode, so a later forward outside it can still write them.
             with torch.inference_mode(False):
-                chunk = torch.zeros(max(n, self.CHUNK), dtype=torch.int64, device=self.device)
+                size = min(2 * self.capacity, self.LAST) if self.chunks else self.FIRST
+                chunk = torch.zeros(max(n, size), dtype=torch.int64, device=self.device)
             self.start += self.capacity
             self.chunks.append(chunk)
             self.fill, self.capacity = 0, chunk.numel()

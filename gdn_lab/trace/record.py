@@ -2,9 +2,9 @@
 
 Three kinds of call are recorded:
 
-- `module`: every call of the given model's modules (any nn.Module), seen by a global forward
-  pre-hook and hook (`_module_hooks`), with kwargs. Inputs are hashed in the pre-hook, before the
-  call, and outputs in the hook, after it.
+- `module`: every call of the given model's modules (any nn.Module), seen by a wrapper around
+  each module's forward (`_module_wrappers`), with kwargs. Inputs are hashed before forward runs
+  and outputs after it returns.
 - `function` (level="ops"): torch functions called while one of the model's modules runs, seen by
   a `TorchFunctionMode` (F.softplus, torch.matmul, Tensor.add_, Tensor.__setitem__, ...). Calls
   that return no tensor (shape, item) and pure aliases (view, reshape of contiguous, transpose,
@@ -442,15 +442,14 @@ class _Frame:
 
 
 class _Recorder:
-    """The hooks, the function mode and the lab-op observer of one `record` block."""
+    """The module wrappers' calls, the function mode and the lab-op observer of one `record` block."""
 
     def __init__(self, model: torch.nn.Module, trace: Trace, keep_calls: bool = False) -> None:
         self.trace = trace
         self.keep_calls = keep_calls
         self.root = type(model).__name__
         self.modules = list(model.named_modules())  # the model's modules when the block began
-        # id -> path (the hooks are global: other modules' calls are passed by)
-        self.paths = {id(m): path for path, m in self.modules}
+        self.closed = False
         self.frames: list[_Frame] = []
         self.module_depth = 0
         self.labop_depth = 0
@@ -487,6 +486,7 @@ class _Recorder:
         return None
 
     def close(self) -> None:
+        self.closed = True
         for f in self.frames:
             f.entry.error = True
         self.frames.clear()
@@ -494,37 +494,28 @@ class _Recorder:
 
     # -- modules --
 
-    def pre_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> None:
-        path = self.paths.get(id(module))
-        if path is None:
-            return
-        if kwargs is None:  # torch passes kwargs where the module's table names the hook (`record`)
-            raise RuntimeError(
-                f"record: torch {torch.__version__} called the global forward pre-hook of {self.label(path)!r} "
-                "without its kwargs; this recorder needs torch's Module._forward_pre_hooks_with_kwargs"
-            )
+    def module_call(self, module: torch.nn.Module, path: str, forward: Any, *args: Any, **kwargs: Any) -> Any:
+        """One call of a model's module (`_module_wrappers`): its inputs hashed before `forward`
+        runs, its outputs after; an exception marks the entry and goes on."""
+        if self.closed:  # a wrapper someone else's kept after the block
+            return forward(*args, **kwargs)
         _, parent = self._enclosing()
         tr = self.trace
         entry = tr._open(MODULE, self.label(path), type(module).__name__, path, parent, None)
         with _quiet():  # also around the flattening: tensor attribute reads go through torch functions
             entry.inputs = tr._hash(_tensors(args, "args") + _tensors(kwargs, "kwargs"), entry.layout)
         self._push(entry, MODULE, module)
-
-    def post_hook(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
-        if id(module) not in self.paths:
-            return
-        frame = self._pop_to(MODULE, module)
-        if frame is None:  # the module was already running when the block began
-            return
-        # A global always_call hook runs with (module, args, result) when forward raised, inside
-        # torch's `except`, and with (module, args, kwargs, output) when it returned.
-        if len(rest) != 2:
-            frame.entry.error = True
-            return
-        output = rest[1]
-        with _quiet():
-            # since: the module may have written its inputs in place, unseen by their version counters
-            frame.entry.outputs = self.trace._hash(_tensors(output, "out"), frame.entry.layout, frame.entry.index)
+        try:
+            output = forward(*args, **kwargs)
+        except BaseException:
+            if self._pop_to(MODULE, module) is not None:
+                entry.error = True
+            raise
+        if self._pop_to(MODULE, module) is not None:  # None: the block closed while it ran
+            with _quiet():
+                # since: the module may have written its inputs in place, unseen by their version counters
+                entry.outputs = tr._hash(_tensors(output, "out"), entry.layout, entry.index)
+        return output
 
     # -- lab ops (routing.observe) --
 
@@ -643,31 +634,34 @@ def _collector_paused() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _module_hooks(rec: _Recorder) -> Iterator[None]:
-    """rec's pre- and post-hooks on every module call in the block (those of rec.modules recorded),
-    removed on exit.
+def _module_wrappers(rec: _Recorder) -> Iterator[None]:
+    """Every module of rec.modules calls `rec.module_call` around its forward in the block; its
+    own forward is back on exit.
 
-    Two global module hooks, not two per module: registering and removing a hook pair on each of
-    the 927 modules of a 48-layer model costs about 20 ms per block (measured on a 2-core VM),
-    as much as a quarter of a GPU forward. Torch passes kwargs to a global pre-hook where the
-    module's own `_forward_pre_hooks_with_kwargs` holds the hook's id, so the hook's id is put
-    there for the model's modules (and taken out on exit). Global hooks run before a module's
-    own hooks: inputs are hashed as the caller passed them.
+    The wrapper is an instance attribute `forward`, which nn.Module.__call__ looks up and calls,
+    put in the module's __dict__ directly (Module.__setattr__ is slow and checks names we do not
+    set). Not module hooks: a global hook sends every module call in the process through torch's
+    hook-dispatch path, about 8 us per call more than the wrapper on a 2-core CPU VM, and hook
+    pairs per module cost as much to register and remove. A forward someone set on the instance
+    (accelerate's hooks) is wrapped and restored. The module's own hooks run outside the
+    wrapper: inputs are hashed as forward receives them, outputs as forward returns them.
     """
-    modules = [m for _, m in rec.modules]
-    pre = torch.nn.modules.module.register_module_forward_pre_hook(rec.pre_hook)
+    installed = []
     try:
-        post = torch.nn.modules.module.register_module_forward_hook(rec.post_hook, with_kwargs=True, always_call=True)
-        try:
-            for m in modules:
-                m._forward_pre_hooks_with_kwargs[pre.id] = True
-            yield
-        finally:
-            for m in modules:
-                m._forward_pre_hooks_with_kwargs.pop(pre.id, None)
-            post.remove()
+        for path, m in rec.modules:
+            state = m.__dict__
+            own = state.get("forward")
+            wrapper = functools.partial(rec.module_call, m, path, m.forward)
+            state["forward"] = wrapper
+            installed.append((state, own, wrapper))
+        yield
     finally:
-        pre.remove()
+        for state, own, wrapper in installed:
+            if state.get("forward") is wrapper:  # another wrapper on top stays (ours then passes calls by)
+                if own is None:
+                    del state["forward"]
+                else:
+                    state["forward"] = own
 
 
 @contextlib.contextmanager
@@ -731,7 +725,7 @@ def record(
         stack.enter_context(_collector_paused())
         rec = _Recorder(model, trace, keep_calls)
         stack.callback(rec.close)
-        stack.enter_context(_module_hooks(rec))
+        stack.enter_context(_module_wrappers(rec))
         if level == "ops":
             stack.enter_context(routing.observe(rec))
             rec.mode = stack.enter_context(_FunctionMode(rec))

@@ -12,6 +12,8 @@ exact in any order, so the atomics cannot change the bits.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -67,6 +69,18 @@ def _row_values_kernel(
         tl.store(out_ptr + offset + o_r64, b_sum, mask=m_r)
 
 
+@functools.lru_cache(maxsize=1024)
+def _launch_config(r: int, f: int) -> tuple[tuple[int, int, int], int, int, int, bool]:
+    """(grid, n_iter, BLOCK_R, BLOCK_F, SPLIT) for r rows of f words: a recorder hashes the same
+    few shapes hundreds of times per forward."""
+    block_f = pow2_at_least(max(f, 1), floor=1) if f < MAX_BLOCK_F else MAX_BLOCK_F
+    block_r = max(1, min(64, MAX_TILE // block_f))
+    tiles = -(-f // block_f)
+    n_iter = min(tiles, COLS_PER_PROGRAM // block_f)
+    n_col = -(-tiles // n_iter) if tiles else 1
+    return (-(-r // block_r), n_col, 1), n_iter, block_r, block_f, n_col > 1
+
+
 def row_values_triton(words: torch.Tensor, r: int, f: int, out: torch.Tensor, offset: int = 0) -> None:
     """out[offset + i] = sum_j mix(words[i * f + j] + (j + 1) * G) for rows i < r, as `hashing.row_values`.
 
@@ -77,13 +91,7 @@ def row_values_triton(words: torch.Tensor, r: int, f: int, out: torch.Tensor, of
             COLS_PER_PROGRAM add into it).
         offset: the first row's element of out.
     """
-    block_f = pow2_at_least(max(f, 1), floor=1) if f < MAX_BLOCK_F else MAX_BLOCK_F
-    block_r = max(1, min(64, MAX_TILE // block_f))
-    tiles = -(-f // block_f)
-    n_iter = min(tiles, COLS_PER_PROGRAM // block_f)
-    n_col = -(-tiles // n_iter) if tiles else 1
-    split = n_col > 1
-    grid = (-(-r // block_r), n_col, 1)
+    grid, n_iter, block_r, block_f, split = _launch_config(r, f)
     args = (words, out, offset, r, f, n_iter, block_r, block_f, split)
     if interpreting():
         _row_values_kernel[grid](*args)

@@ -177,7 +177,9 @@ def test_sink_sums_many_tensors_into_their_slots():
 def test_sink_across_chunks_and_masked_rows(monkeypatch):
     from gdn_lab.trace import hashing
 
-    monkeypatch.setattr(hashing._Arena, "CHUNK", 8)  # every few tensors start a new chunk
+    # every tensor (9 rows) starts a new chunk: the first at least 9 rows, then doubling to 16
+    monkeypatch.setattr(hashing._Arena, "FIRST", 4)
+    monkeypatch.setattr(hashing._Arena, "LAST", 16)
     sink = HashSink("torch")
     tensors = [sample(torch.float32, (9, 3), seed=i) for i in range(5)]
     seg, pos = LAYOUT.rows("tokens", torch.device("cpu"))
@@ -190,7 +192,7 @@ def test_sink_across_chunks_and_masked_rows(monkeypatch):
     mb = sink.slots(3)
     sink.add(tensors[0], seg=masked, pos=pos, base=mb)
     values = sink.read()
-    assert len(sink._arenas[torch.device("cpu")].chunks) > 1
+    assert [c.numel() for c in sink._arenas[torch.device("cpu")].chunks] == [9, 16, 16, 16, 16, 16]
     for t, b in zip(tensors, bases):
         assert values[b : b + 3].tolist() == row_hashes(t, LAYOUT).tolist()
     assert values[mb : mb + 3].tolist() == [*row_hashes(tensors[0], LAYOUT)[:2].tolist(), 0]

@@ -36,13 +36,15 @@ class Net(nn.Module):
 
 
 def hooks_left(model: nn.Module) -> int:
-    """Hooks in place: the global module hooks, the modules' own, and the kwargs-table entries."""
+    """What a recorder could leave behind: forward wrappers (an instance `forward`), the global
+    module hooks and the modules' own."""
     from torch.nn.modules import module as nn_module
 
     own = sum(
-        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._forward_pre_hooks_with_kwargs)
+        ("forward" in m.__dict__)
+        + len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._forward_pre_hooks_with_kwargs)
         for m in model.modules()
-    )
+    )  # fmt: skip
     return own + len(nn_module._global_forward_pre_hooks) + len(nn_module._global_forward_hooks)
 
 
@@ -127,6 +129,45 @@ def test_keyword_inputs_are_hashed_as_passed_before_the_module_writes_them():
     (entry,) = tr.entries
     assert [r.path for r in entry.inputs] == ["args[0]", "kwargs['out']"]
     assert [tr.hash_of(entry.inputs[1], r) for r in (0, 1)] == before.tolist()
+
+
+def test_inputs_are_hashed_as_forward_receives_them_and_outputs_as_it_returns_them():
+    """The module's own hooks run outside the recorder's wrapper: a pre-hook that rewrites the
+    input and a hook that rewrites the output are not part of what forward saw."""
+    lay = Layout.per_request([0, 1])
+    x = torch.randn(2, 3)
+    net = nn.ReLU()
+    net.register_forward_pre_hook(lambda m, args: (args[0] * 2.0,))
+    net.register_forward_hook(lambda m, args, out: out + 1.0)
+    with record(net, lay) as tr:
+        got = net(x)
+    (entry,) = tr.entries
+    assert [tr.hash_of(entry.inputs[0], r) for r in (0, 1)] == row_hashes(x * 2.0, lay).tolist()
+    assert [tr.hash_of(entry.outputs[0], r) for r in (0, 1)] == row_hashes(torch.relu(x * 2.0), lay).tolist()
+    assert torch.equal(got, torch.relu(x * 2.0) + 1.0)
+
+
+def test_an_instance_forward_is_wrapped_and_restored():
+    """A forward set on the instance (as accelerate's hooks do) is recorded and is the same object after."""
+    net = nn.Sequential(nn.ReLU())
+    own = net[0].forward = lambda x: x * 3.0
+    with record(net, Layout.per_request([0])) as tr:
+        got = net(torch.ones(1, 2))
+    assert torch.equal(got, torch.full((1, 2), 3.0))
+    assert [e.name for e in tr.entries] == ["Sequential", "0"]
+    assert net[0].__dict__["forward"] is own and "forward" not in net.__dict__
+
+
+def test_a_wrapper_kept_after_the_block_passes_calls_by():
+    """Code that wrapped a module's forward inside the block keeps its wrapper, and with it ours
+    beneath: once the block is over, ours records nothing."""
+    net = nn.Sequential(nn.ReLU())
+    with record(net, Layout.per_request([0])) as tr:
+        inner = net[0].forward
+        net[0].forward = lambda x: inner(x) + 1.0
+    n = len(tr)
+    assert torch.equal(net(torch.zeros(1, 2)), torch.ones(1, 2))
+    assert len(tr) == n
 
 
 def _hashes(tr) -> list:
@@ -259,8 +300,8 @@ def test_blocks_nest_and_do_not_record_each_other():
     with record(net, Layout.per_request([0, 1]), level="ops") as outer:
         with record(net, Layout.per_request([0, 1]), level="modules") as inner:
             net(x)
-        # the outer block's: a global pre and post hook, the pre hook's id in each module's kwargs table
-        assert hooks_left(net) == 2 + 3 and modes_left() == 1
+        # the outer block's wrapper on each of the three modules
+        assert hooks_left(net) == 3 and modes_left() == 1
     assert hooks_left(net) == 0 and modes_left() == 0
     assert [e.name for e in outer.entries] == [e.name for e in alone.entries]
     assert [e.name for e in inner.entries] == ["Sequential", "0", "1"]
