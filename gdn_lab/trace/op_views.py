@@ -20,6 +20,7 @@ differs), its arguments are hashed by the leading-dim rule too.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,15 +73,18 @@ class RowsView:
     pos: torch.Tensor
 
 
+@functools.lru_cache(maxsize=256)
+def _index(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(0..n-1, n zeros) as int64 on device: every view of an n-request batch uses them (read only),
+    so that a view costs no launches to build them."""
+    with torch.inference_mode(False):  # usable outside inference mode too
+        return torch.arange(n, dtype=torch.int64, device=device), torch.zeros(n, dtype=torch.int64, device=device)
+
+
 def pool_view(pool: torch.Tensor, slots: torch.Tensor) -> RowsView:
     """Request i's row is pool[slots[i]]: [N, ...]; padding rows (negative slots) are ignored."""
-    n = slots.shape[0]
-    ar = torch.arange(n, dtype=torch.int64, device=slots.device)
-    return RowsView(
-        pool.index_select(0, slots.clamp(min=0).long()),
-        torch.where(slots >= 0, ar, -1),
-        torch.zeros(n, dtype=torch.int64, device=slots.device),
-    )
+    ar, zeros = _index(slots.shape[0], slots.device)
+    return RowsView(pool.index_select(0, slots.clamp(min=0).long()), torch.where(slots >= 0, ar, -1), zeros)
 
 
 def paged_view(
@@ -101,9 +105,8 @@ def paged_view(
 
 def lengths_view(indptr: torch.Tensor) -> RowsView:
     """Per-request lengths indptr[i+1] - indptr[i], one row per request."""
-    n = indptr.shape[0] - 1
-    ar = torch.arange(n, dtype=torch.int64, device=indptr.device)
-    return RowsView(indptr[1:] - indptr[:-1], ar, torch.zeros_like(ar))
+    ar, zeros = _index(indptr.shape[0] - 1, indptr.device)
+    return RowsView(indptr[1:] - indptr[:-1], ar, zeros)
 
 
 def _batch_size(op_args: OpArgs, args: Mapping[str, Any]) -> int | None:
