@@ -11,9 +11,11 @@ anchor in shared/reference/measured_h200.md):
   skipped with the reason when transformers is not installed (pip install -e ".[hf]").
 
 Modes: `plain` (no hooks); `modules` (record(level="modules"): every module's inputs and outputs
-hashed per request); `ops` (level="ops": also torch functions and lab ops); `debugmode` (torch's
-DebugMode with log_tensor_hashes("hash_tensor"), the comparison point; skipped with the reason when
-this torch lacks it). Everything runs eager, without CUDA graphs (hooks are host code): CUDA events
+hashed per request); `ops` (level="ops": also torch functions and lab ops); `modules-host` and
+`ops-host` (the same recording with the row stage, the one pass over each tensor's bits, replaced
+by a no-op: what the recorder's host code costs alone; their hashes mean nothing); `debugmode`
+(torch's DebugMode with log_tensor_hashes("hash_tensor"), the comparison point; skipped with the
+reason when this torch lacks it). Everything runs eager, without CUDA graphs (hooks are host code): CUDA events
 around each forward, the median of --reps after --warmup. A hooked repetition includes entering
 and leaving `record`; reading the trace (its one device-to-host copy) is `finalize_ms`, measured
 once; n_tensors counts the tensors hashed, n_read those read from memory (a tensor several calls
@@ -27,11 +29,12 @@ carries the environment fingerprint (`env_*`). Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +50,8 @@ COLUMNS = [
     "dtype", "note",
 ]  # fmt: skip
 MODELS = ("lab", "hf")
-MODES = ("plain", "modules", "ops", "debugmode")
+MODES = ("plain", "modules", "ops", "modules-host", "ops-host", "debugmode")
+HOST_ONLY = "-host"  # the suffix of a mode whose row stage is a no-op
 TARGETS = {"modules": 1.5, "ops": 3.0}
 MODEL_NAMES = {"lab": "lab-qwen3-next-tp4", "hf": "hf-qwen3"}
 
@@ -177,12 +181,30 @@ def runner(mode: str, model, work: Workload, hash_impl: str, last: dict[str, Any
 
         return run
 
+    level = mode.removesuffix(HOST_ONLY)
+
     def run(state):
-        with record(model, layout, level=mode, hash_impl=hash_impl) as tr:
+        with row_stage_skipped(mode.endswith(HOST_ONLY)), record(model, layout, level=level, hash_impl=hash_impl) as tr:
             forward(state, tr)
         last[mode] = tr
 
     return run
+
+
+@contextlib.contextmanager
+def row_stage_skipped(skip: bool) -> Iterator[None]:
+    """Inside the block, when `skip`, hashing reads no tensor: the row stage is a no-op."""
+    if not skip:
+        yield
+        return
+    from gdn_lab.trace import hashing
+
+    real = hashing.row_values
+    hashing.row_values = lambda words, r, f, impl, out, offset=0: None
+    try:
+        yield
+    finally:
+        hashing.row_values = real
 
 
 def profile_host(run: Callable[[Any], None], setup: Callable[[], Any] | None, title: str, top: int = 15) -> None:
@@ -289,7 +311,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> int:
             for mode, ts in times.items():
                 ms = statistics.median(ts)
                 r = row(mode=mode, status="ok", ms=ms, ms_min=min(ts), ms_max=max(ts), reps=len(ts), **base)
-                r["hash_impl"] = impl if mode in TARGETS else ""
+                r["hash_impl"] = impl if mode in TARGETS else ("skipped" if mode.endswith(HOST_ONLY) else "")
                 r["target_ratio"] = TARGETS.get(mode, "")
                 if mode in last:
                     r.update(read_trace(last[mode], device))
@@ -304,7 +326,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> int:
         del model
     path = write_csv(rows, COLUMNS + [f"env_{k}" for k in fp], Path(args.out), CSV_NAME)
     print(
-        f"\n{'model':20} {'mode':10} {'batch x tok':>12} {'ms':>10} {'x plain':>8} {'target':>7} {'meets':>6}  status"
+        f"\n{'model':20} {'mode':12} {'batch x tok':>12} {'ms':>10} {'x plain':>8} {'target':>7} {'meets':>6}  status"
     )
     for r in rows:
         ms = f"{r['ms']:.2f}" if r["ms"] != "" else "-"
@@ -312,7 +334,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> int:
         shape = f"{r['batch']} x {r['tokens_per_request']}"
         status = r["status"] + (f" ({r['reason']})" if r["reason"] else "")
         print(
-            f"{r['model']:20} {r['mode']:10} {shape:>12} {ms:>10} {ratio:>8} {r['target_ratio']!s:>7} {r['meets_target']!s:>6}  {status}"
+            f"{r['model']:20} {r['mode']:12} {shape:>12} {ms:>10} {ratio:>8} {r['target_ratio']!s:>7} {r['meets_target']!s:>6}  {status}"
         )
     print(f"[bench] wrote {len(rows)} rows to {path} in {time.perf_counter() - t_start:.0f}s on {fp['device']}")
     return 0

@@ -41,8 +41,14 @@ def test_smoke(tmp_path):
         if r["mode"] in ("modules", "ops"):
             assert r["hash_impl"] == "torch" and int(r["n_entries"]) > 0 and int(r["n_tensors"]) > 0
             assert float(r["target_ratio"]) in (1.5, 3.0) and r["meets_target"] == ""  # judged on CUDA only
+        if r["mode"].endswith("-host"):  # the recorder's host code alone: as many entries, no tensor read
+            assert r["hash_impl"] == "skipped" and r["target_ratio"] == ""
+            twin = next(
+                t for t in rows if (t["model"], t["batch"], t["mode"]) == (r["model"], r["batch"], r["mode"][:-5])
+            )
+            assert r["n_entries"] == twin["n_entries"] and r["n_tensors"] == twin["n_tensors"]
     modes = {(r["model"], r["mode"]) for r in rows}
-    assert ("lab-qwen3-next-tp4", "ops") in modes and len(modes) == 8
+    assert ("lab-qwen3-next-tp4", "ops") in modes and ("hf-qwen3", "modules-host") in modes and len(modes) == 12
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the full run is the GPU's")
