@@ -497,7 +497,7 @@ class _Recorder:
     def module_call(self, module: torch.nn.Module, path: str, forward: Any, *args: Any, **kwargs: Any) -> Any:
         """One call of a model's module (`_module_wrappers`): its inputs hashed before `forward`
         runs, its outputs after; an exception marks the entry and goes on."""
-        if self.closed:  # a wrapper someone else's kept after the block
+        if self.closed:  # a wrapper kept by someone else after the block
             return forward(*args, **kwargs)
         _, parent = self._enclosing()
         tr = self.trace
