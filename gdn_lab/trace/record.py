@@ -651,7 +651,9 @@ def _module_wrappers(rec: _Recorder) -> Iterator[None]:
         for path, m in rec.modules:
             state = m.__dict__
             own = state.get("forward")
-            wrapper = functools.partial(rec.module_call, m, path, m.forward)
+            forward = m.forward
+            wrapper = functools.partial(rec.module_call, m, path, forward)
+            wrapper.__wrapped__ = forward  # inspect.signature(m.forward) stays forward's (HF reads it)
             state["forward"] = wrapper
             installed.append((state, own, wrapper))
         yield

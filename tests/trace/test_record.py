@@ -1,5 +1,7 @@
 """record: what it sees (modules, functions, lab ops), when it hashes, and that it leaves nothing behind."""
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -156,6 +158,17 @@ def test_an_instance_forward_is_wrapped_and_restored():
     assert torch.equal(got, torch.full((1, 2), 3.0))
     assert [e.name for e in tr.entries] == ["Sequential", "0"]
     assert net[0].__dict__["forward"] is own and "forward" not in net.__dict__
+
+
+def test_a_wrapped_forward_keeps_its_signature():
+    """Code that reads a module's forward signature inside the block (Hugging Face does, to choose
+    the keyword arguments it passes) sees the module's own."""
+    net = nn.Sequential(nn.Linear(2, 2))
+    want = inspect.signature(net[0].forward)
+    with record(net, Layout.per_request([0])) as tr:
+        assert inspect.signature(net[0].forward) == want
+        net(torch.randn(1, 2))
+    assert [e.name for e in tr.entries] == ["Sequential", "0"]
 
 
 def test_a_wrapper_kept_after_the_block_passes_calls_by():
