@@ -46,6 +46,7 @@ is invisible at level="modules"; at level="ops" the lab ops hash it through thei
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import gc
 import weakref
@@ -633,6 +634,20 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+class _Forward(functools.partial):
+    """A module's recorded forward: `rec.module_call(module, path, forward, ...)` (a partial, so
+    the call itself is C). A copy or a pickle of the module made inside the block gets the module's
+    own forward back, not the recorder: the copy is not recorded, and a recorder cannot be copied."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        return copy.deepcopy(self.__wrapped__, memo)
+
+    def __reduce__(self) -> Any:
+        return self.__wrapped__.__reduce__()
+
+
 @contextlib.contextmanager
 def _module_wrappers(rec: _Recorder) -> Iterator[None]:
     """Every module of rec.modules calls `rec.module_call` around its forward in the block; its
@@ -652,7 +667,7 @@ def _module_wrappers(rec: _Recorder) -> Iterator[None]:
             state = m.__dict__
             own = state.get("forward")
             forward = m.forward
-            wrapper = functools.partial(rec.module_call, m, path, forward)
+            wrapper = _Forward(rec.module_call, m, path, forward)
             wrapper.__wrapped__ = forward  # inspect.signature(m.forward) stays forward's (HF reads it)
             state["forward"] = wrapper
             installed.append((state, own, wrapper))

@@ -1,6 +1,8 @@
 """record: what it sees (modules, functions, lab ops), when it hashes, and that it leaves nothing behind."""
 
+import copy
 import inspect
+import pickle
 
 import pytest
 import torch
@@ -169,6 +171,18 @@ def test_a_wrapped_forward_keeps_its_signature():
         assert inspect.signature(net[0].forward) == want
         net(torch.randn(1, 2))
     assert [e.name for e in tr.entries] == ["Sequential", "0"]
+
+
+def test_a_module_copied_or_pickled_inside_the_block_is_not_recorded():
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    x = torch.randn(1, 2)
+    with record(net, Layout.per_request([0])) as tr:
+        copies = [copy.deepcopy(net), pickle.loads(pickle.dumps(net))]
+        for c in copies:
+            assert torch.equal(c(x), net(x))
+    assert [e.name for e in tr.entries] == ["Sequential", "0", "1"] * 2  # the original's calls only
+    for c in copies:
+        assert torch.equal(c(x), net(x))
 
 
 def test_a_wrapper_kept_after_the_block_passes_calls_by():
