@@ -2,9 +2,9 @@
 
 Three kinds of call are recorded:
 
-- `module`: every call of the given model's modules (any nn.Module), seen by a wrapper around
-  each module's forward (`_module_wrappers`), with kwargs. Inputs are hashed before forward runs
-  and outputs after it returns.
+- `module`: every call of the given model's modules (any nn.Module), seen around torch's
+  `_call_impl` of each (`_module_calls`), with kwargs. Inputs are hashed as the caller passed
+  them, before the module's own hooks and forward run, and outputs after them, as the caller gets them.
 - `function` (level="ops"): torch functions called while one of the model's modules runs, seen by
   a `TorchFunctionMode` (F.softplus, torch.matmul, Tensor.add_, Tensor.__setitem__, ...). Calls
   that return no tensor (shape, item) and pure aliases (view, reshape of contiguous, transpose,
@@ -495,11 +495,12 @@ class _Recorder:
 
     # -- modules --
 
-    def module_call(self, module: torch.nn.Module, path: str, forward: Any, *args: Any, **kwargs: Any) -> Any:
-        """One call of a model's module (`_module_wrappers`): its inputs hashed before `forward`
-        runs, its outputs after; an exception marks the entry and goes on."""
-        if self.closed:  # a wrapper kept by someone else after the block
-            return forward(*args, **kwargs)
+    def module_call(self, module: torch.nn.Module, path: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """One call of a model's module (`_module_calls`): its inputs hashed before `call` (torch's
+        call: the module's hooks and forward) runs, its outputs after; an exception marks the entry
+        and goes on."""
+        if self.closed:  # a wrapper set on top of ours in the block kept it past the block
+            return call(*args, **kwargs)
         _, parent = self._enclosing()
         tr = self.trace
         entry = tr._open(MODULE, self.label(path), type(module).__name__, path, parent, None)
@@ -507,7 +508,7 @@ class _Recorder:
             entry.inputs = tr._hash(_tensors(args, "args") + _tensors(kwargs, "kwargs"), entry.layout)
         self._push(entry, MODULE, module)
         try:
-            output = forward(*args, **kwargs)
+            output = call(*args, **kwargs)
         except BaseException:
             if self._pop_to(MODULE, module) is not None:
                 entry.error = True
@@ -634,10 +635,10 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-class _Forward(functools.partial):
-    """A module's recorded forward: `rec.module_call(module, path, forward, ...)` (a partial, so
-    the call itself is C). A copy or a pickle of the module made inside the block gets the module's
-    own forward back, not the recorder: the copy is not recorded, and a recorder cannot be copied."""
+class _Call(functools.partial):
+    """A recorded module's `_call_impl`: `rec.module_call(module, path, call, ...)` (a partial, so
+    the call itself is C). A copy or a pickle of the module made inside the block gets torch's
+    own back, not the recorder: the copy is not recorded, and a recorder cannot be copied."""
 
     __slots__ = ()
 
@@ -649,36 +650,39 @@ class _Forward(functools.partial):
 
 
 @contextlib.contextmanager
-def _module_wrappers(rec: _Recorder) -> Iterator[None]:
-    """Every module of rec.modules calls `rec.module_call` around its forward in the block; its
-    own forward is back on exit.
+def _module_calls(rec: _Recorder) -> Iterator[None]:
+    """Every call of one of rec.modules in the block reaches `rec.module_call`; nothing is left on
+    exit.
 
-    The wrapper is an instance attribute `forward`, which nn.Module.__call__ looks up and calls,
-    put in the module's __dict__ directly (Module.__setattr__ is slow and checks names we do not
-    set). Not module hooks: a global hook sends every module call in the process through torch's
-    hook-dispatch path, about 8 us per call more than the wrapper on a 2-core CPU VM, and hook
-    pairs per module cost as much to register and remove. A forward someone set on the instance
-    (accelerate's hooks) is wrapped and restored. The module's own hooks run outside the
-    wrapper: inputs are hashed as forward receives them, outputs as forward returns them.
+    nn.Module.__call__ runs `self._call_impl` (the module's hooks and forward), so a `_call_impl`
+    set on the instance (in its __dict__, not through Module.__setattr__, which is slow) sees every
+    call, however forward is set: code that patches a module's forward inside the block (an
+    adapter, HFModel.linear_backend) stays recorded, and inputs are hashed as the caller passed
+    them, before the module's own hooks, outputs after them. Not global module hooks: they send
+    every module call in the process through torch's hook-dispatch path, about 8 us per call more
+    on a 2-core CPU VM; and not a patch of nn.Module.__call__: changing a method of the class
+    deoptimises the interpreter's caches for every module type (about 1.5 ms on the next forward).
     """
+    if not callable(getattr(torch.nn.Module, "_call_impl", None)):
+        raise RuntimeError(f"record: torch {torch.__version__}'s nn.Module has no _call_impl to record calls through")
     installed = []
     try:
         for path, m in rec.modules:
             state = m.__dict__
-            own = state.get("forward")
-            forward = m.forward
-            wrapper = _Forward(rec.module_call, m, path, forward)
-            wrapper.__wrapped__ = forward  # inspect.signature(m.forward) stays forward's (HF reads it)
-            state["forward"] = wrapper
+            own = state.get("_call_impl")  # None: the class's
+            call = m._call_impl
+            wrapper = _Call(rec.module_call, m, path, call)
+            wrapper.__wrapped__ = call
+            state["_call_impl"] = wrapper
             installed.append((state, own, wrapper))
         yield
     finally:
         for state, own, wrapper in installed:
-            if state.get("forward") is wrapper:  # another wrapper on top stays (ours then passes calls by)
+            if state.get("_call_impl") is wrapper:  # another one set on top stays (ours then passes calls by)
                 if own is None:
-                    del state["forward"]
+                    del state["_call_impl"]
                 else:
-                    state["forward"] = own
+                    state["_call_impl"] = own
 
 
 @contextlib.contextmanager
@@ -742,7 +746,7 @@ def record(
         stack.enter_context(_collector_paused())
         rec = _Recorder(model, trace, keep_calls)
         stack.callback(rec.close)
-        stack.enter_context(_module_wrappers(rec))
+        stack.enter_context(_module_calls(rec))
         if level == "ops":
             stack.enter_context(routing.observe(rec))
             rec.mode = stack.enter_context(_FunctionMode(rec))
