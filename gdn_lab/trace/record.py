@@ -499,7 +499,7 @@ class _Recorder:
         """One call of a model's module (`_module_calls`): its inputs hashed before `call` (torch's
         call: the module's hooks and forward) runs, its outputs after; an exception marks the entry
         and goes on."""
-        if self.closed:  # a wrapper set on top of ours in the block kept it past the block
+        if self.closed:  # another wrapper, set on top of ours during the block, outlived it
             return call(*args, **kwargs)
         _, parent = self._enclosing()
         tr = self.trace
