@@ -239,10 +239,6 @@ class Rows:
     n: int
     salt: int
 
-    @property
-    def device(self) -> torch.device:
-        return self.arena.device
-
 
 class _Arena:
     """One device's row values, filled chunk by chunk, with what each added tensor needs to be combined."""
