@@ -39,8 +39,11 @@ was read when the call began (a module or lab op may write its inputs with such 
 `record(..., reuse=False)` reads every tensor at every call for code that writes this way between
 calls.
 
-Known limit: state a module reads that is not in its arguments (a cache filled in an earlier step)
-is invisible at level="modules"; at level="ops" the lab ops hash it through their slots.
+Known limits: state a module reads that is not in its arguments (a cache filled in an earlier step)
+is invisible at level="modules"; at level="ops" the lab ops hash it through their slots. A shallow
+copy of a module made inside the block (`copy.copy`, DataParallel's replicas) shares the module's
+instance attributes, the recorder's `_call_impl` among them, so calling the copy runs the original
+module: copy modules before the block (deep copies and pickles inside it are fine).
 """
 
 from __future__ import annotations
