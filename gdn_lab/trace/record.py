@@ -646,10 +646,10 @@ class _Call(functools.partial):
     __slots__ = ()
 
     def __deepcopy__(self, memo: dict) -> Any:
-        return copy.deepcopy(self.__wrapped__, memo)
+        return copy.deepcopy(self.args[-1], memo)  # args: (module, path, torch's call)
 
     def __reduce__(self) -> Any:
-        return self.__wrapped__.__reduce__()
+        return self.args[-1].__reduce__()
 
 
 @contextlib.contextmanager
@@ -673,9 +673,7 @@ def _module_calls(rec: _Recorder) -> Iterator[None]:
         for path, m in rec.modules:
             state = m.__dict__
             own = state.get("_call_impl")  # None: the class's
-            call = m._call_impl
-            wrapper = _Call(rec.module_call, m, path, call)
-            wrapper.__wrapped__ = call
+            wrapper = _Call(rec.module_call, m, path, m._call_impl)
             state["_call_impl"] = wrapper
             installed.append((state, own, wrapper))
         yield
