@@ -27,6 +27,13 @@ PROVENANCE = ("gdn_lab", "gdn_lab_commit", "gdn_lab_dirty", "gdn_lab_path")
 AITER_KEYS = ("aiter_route", "aiter_route_note", "aiter_arch", "aiter_num_cus", "aiter_emulation")
 
 
+@pytest.fixture(autouse=True)
+def _provenance_from_git(monkeypatch):
+    # A caller's GDN_LAB_COMMIT override (a device run's) would mask the git provenance under test.
+    monkeypatch.delenv("GDN_LAB_COMMIT", raising=False)
+    monkeypatch.delenv("GDN_LAB_DIRTY", raising=False)
+
+
 def test_fingerprint_names_every_version_the_device_gdn_lab_and_aiter():
     fp = environment.fingerprint("cpu")
     for key in ("python", "torch", "triton", "fla", "aiter", "flydsl", "device", "arch", "platform", "num_sms"):
