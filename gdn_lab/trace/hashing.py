@@ -33,6 +33,7 @@ import functools
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -274,43 +275,49 @@ class _Arena:
         self.fill += n
         return rows
 
-    def _values(self, uses: list[Rows]) -> torch.Tensor:
-        """The row values of every use, concatenated: one gather from the arena."""
-        counts = np.fromiter((u.n for u in uses), dtype=np.int64, count=len(uses))
-        starts = np.fromiter((u.start for u in uses), dtype=np.int64, count=len(uses))
-        first = np.cumsum(counts) - counts  # where each use begins in the result
-        index = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(starts - first, counts)
-        arena = self.chunks[0] if len(self.chunks) == 1 else torch.cat(self.chunks)
-        return arena[torch.from_numpy(index).to(self.device)]
-
-    def _per_use(self, values: list[int], counts: list[int]) -> torch.Tensor:
-        """Each use's value repeated over its rows, on the device."""
-        return torch.from_numpy(np.repeat(np.asarray(values, dtype=np.int64), counts)).to(self.device)
-
     def reduce(self, n_slots: int) -> torch.Tensor:
-        """Every slot's sum on this device: one vectorised combine over all added tensors."""
+        """Every slot's sum on this device: one vectorised combine over all added tensors.
+
+        Uses are grouped by what their rows share: per-request uses by their (seg, pos) tables,
+        whole-tensor uses by their row count. A group's rows are then one [uses, rows] gather with
+        its per-use start, salt and slot broadcast along the rows, so the host handles one small
+        table per use and nothing per row (a trace holds millions of rows on a GPU).
+        """
         out = torch.zeros(n_slots, dtype=torch.int64, device=self.device)
-        parts = []
-        local = [a for a in self.added if a[1] is not None and a[0].n]
-        if local:
-            counts = [a[0].n for a in local]
-            seg = torch.cat([a[1] for a in local])
-            base = self._per_use([a[3] for a in local], counts)
-            salt = self._per_use([a[0].salt for a in local], counts)
-            # slot 0 takes the masked rows (negative seg)
-            values = self._values([a[0] for a in local])
-            parts.append((values, salt, torch.cat([a[2] for a in local]), torch.where(seg >= 0, seg + base, 0)))
-        whole = [a for a in self.added if a[4] is not None and a[0].n]
-        if whole:
-            counts = [a[0].n for a in whole]
-            pos = np.arange(sum(counts), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-            salt = self._per_use([a[0].salt for a in whole], counts)
-            slot = self._per_use([a[4] for a in whole], counts)
-            values = self._values([a[0] for a in whole])
-            parts.append((values, salt, torch.from_numpy(pos).to(self.device), slot))
-        if not parts:
+        groups: dict[Any, tuple[int, torch.Tensor | None, torch.Tensor | None, list[tuple[int, int, int]]]] = {}
+        for rows, seg, pos, base, whole in self.added:
+            if not rows.n:
+                continue
+            if seg is not None:
+                key = (id(seg), id(pos))  # the tables outlive the sink (held in `added`): ids stay unique
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = (rows.n, seg, pos, [])
+                group[3].append((rows.start, rows.salt, base))
+            if whole is not None:
+                group = groups.get(rows.n)
+                if group is None:
+                    group = groups[rows.n] = (rows.n, None, None, [])
+                group[3].append((rows.start, rows.salt, whole))
+        if not groups:
             return out
-        values, salt, pos, idx = (torch.cat(x) for x in zip(*parts))
+        # (start, salt, slot base) of every use, one host-to-device copy
+        table = torch.from_numpy(
+            np.array([u for g in groups.values() for u in g[3]], dtype=np.int64).reshape(-1, 3)
+        ).to(self.device)
+        arena = self.chunks[0] if len(self.chunks) == 1 else torch.cat(self.chunks)
+        parts, first = [], 0
+        for n, seg, pos, uses in groups.values():
+            t = table[first : first + len(uses)]
+            first += len(uses)
+            steps = _arange(n, str(self.device))
+            shape = (len(uses), n)
+            if seg is None:  # whole-tensor hashes: rows at positions 0..n-1 into the use's slot
+                pos, slot = steps.expand(shape), t[:, 2:3].expand(shape)
+            else:  # slot 0 takes the masked rows (negative seg)
+                pos, slot = pos.expand(shape), torch.where(seg >= 0, seg + t[:, 2:3], 0)
+            parts.append((arena[t[:, 0:1] + steps], t[:, 1:2].expand(shape), pos, slot))
+        values, salt, pos, idx = (torch.cat([p.reshape(-1) for p in x]) for x in zip(*parts))
         return out.index_add_(0, idx, contributions(values, salt, pos))
 
 

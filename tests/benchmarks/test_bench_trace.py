@@ -41,6 +41,8 @@ def test_smoke(tmp_path):
         if r["mode"] in ("modules", "ops"):
             assert r["hash_impl"] == "torch" and int(r["n_entries"]) > 0 and int(r["n_tensors"]) > 0
             assert float(r["target_ratio"]) in (1.5, 3.0) and r["meets_target"] == ""  # judged on CUDA only
+            with_read = (float(r["ms"]) + float(r["finalize_ms"])) / float(r["ms"]) * float(r["ratio_vs_plain"])
+            assert float(r["ratio_with_read"]) == pytest.approx(with_read)
         if r["mode"].endswith("-host"):  # the recorder's host code alone: as many entries, no tensor read
             assert r["hash_impl"] == "skipped" and r["target_ratio"] == ""
             twin = next(

@@ -198,6 +198,32 @@ def test_sink_across_chunks_and_masked_rows(monkeypatch):
     assert values[mb : mb + 3].tolist() == [*row_hashes(tensors[0], LAYOUT)[:2].tolist(), 0]
 
 
+def test_sink_with_interleaved_layouts_row_counts_and_empty_tensors():
+    # The combine groups uses by their (seg, pos) tables and whole uses by row count: every use
+    # must still land in its own slots, whatever the order they were added in.
+    sink = HashSink("torch")
+    other = Layout.per_request([5, 6, 7, 8])
+    cases = []
+    for i in range(12):
+        layout = LAYOUT if i % 3 else other
+        n = layout.num_rows if layout is LAYOUT else 4
+        t = sample(torch.float32 if i % 2 else torch.bfloat16, (n, 1 + i % 4), seed=i)
+        seg, pos = layout.rows("tokens", t.device)
+        base, whole = sink.slots(layout.num_requests), sink.slots(1)
+        sink.add(t, seg=seg, pos=pos, base=base, whole_slot=whole)
+        loose = sample(torch.float32, (1 + i, 2), seed=100 + i)  # whole only, another row count each time
+        loose_slot = sink.slots(1)
+        sink.add(loose, whole_slot=loose_slot)
+        cases.append((t, layout, base, whole, loose, loose_slot))
+    empty_slot = sink.slots(1)
+    sink.add(torch.zeros(0, 3), whole_slot=empty_slot)
+    values = sink.read()
+    for t, layout, base, whole, loose, loose_slot in cases:
+        assert values[base : base + layout.num_requests].tolist() == row_hashes(t, layout).tolist()
+        assert values[whole] == tensor_hash(t) and values[loose_slot] == tensor_hash(loose)
+    assert values[empty_slot] == tensor_hash(torch.zeros(0, 3)) == 0
+
+
 @pytest.mark.parametrize(
     "t, match",
     [
