@@ -302,9 +302,7 @@ class _Arena:
         if not groups:
             return out
         # (start, salt, slot base) of every use, one host-to-device copy
-        table = torch.from_numpy(
-            np.array([u for g in groups.values() for u in g[3]], dtype=np.int64).reshape(-1, 3)
-        ).to(self.device)
+        table = torch.from_numpy(np.array([u for g in groups.values() for u in g[3]], dtype=np.int64)).to(self.device)
         arena = self.chunks[0] if len(self.chunks) == 1 else torch.cat(self.chunks)
         parts, first = [], 0
         for n, seg, pos, uses in groups.values():

@@ -62,6 +62,7 @@ import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from gdn_lab import routing
+from gdn_lab.checks import dtype_name
 from gdn_lab.trace.hashing import HashSink, Rows
 from gdn_lab.trace.layout import PADDED, UNALIGNED, Layout
 from gdn_lab.trace.op_views import RowsView, describe_call, split_args
@@ -308,7 +309,7 @@ class Trace:
         key = (layout, dtype, shape)
         found = self._descriptions.get(key)
         if found is None:
-            found = self._descriptions[key] = (layout.alignment_of(shape), tuple(shape), _dtype_name(dtype))
+            found = self._descriptions[key] = (layout.alignment_of(shape), tuple(shape), dtype_name(dtype))
         return found
 
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1) -> list[TensorRecord]:
@@ -335,14 +336,8 @@ class Trace:
         for path, v in items:
             base = self._sink.slots(layout.num_requests)
             self._sink.add(v.rows, seg=v.seg, pos=v.pos, base=base)
-            dtype = str(v.rows.dtype).removeprefix("torch.")
-            records.append(TensorRecord(path, tuple(v.rows.shape), dtype, VIEW, layout, base, -1))
+            records.append(TensorRecord(path, tuple(v.rows.shape), dtype_name(v.rows.dtype), VIEW, layout, base, -1))
         return records
-
-
-@functools.cache
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _hashable(t: torch.Tensor) -> bool:
