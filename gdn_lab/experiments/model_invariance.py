@@ -492,38 +492,39 @@ def _layers(df: pd.DataFrame, num_layers: int) -> pd.DataFrame:
     """
     if df.empty:
         return pd.DataFrame(columns=LAYER_COLUMNS[7:])
-    d = df[df.matched & (df.parent != "")].copy()  # the root module spans every layer
-    layer = d.name.str.extract(_LAYER)[0].astype(float)
-    in_layers = d[layer.notna()]
-    # modules that hold the layers (HF's `model`) span them too
-    containers = {n for n in d.name[layer.isna()] if in_layers.name.str.startswith(n + ".").any()}
-    first = in_layers.order.min() if not in_layers.empty else float("inf")
-    layer = layer.where(layer.notna(), (d.order > first).map({True: num_layers, False: -1}))
-    d["layer"] = layer.astype(int)
-    d = d[~d.name.isin(containers)]
-    d["out_changed"] = d.changed_outputs != ""
-    d["in_changed"] = d.changed_inputs != ""
-    rows = []
-    for (step, lay), part in d.groupby(["step", "layer"], sort=True):
-        changed = part[part.out_changed].sort_values("order")
-        # the call to read first: a culprit, else the first changed call that is not a module
-        # (a module starts before the calls inside it), else the first changed module
-        pick = changed[changed.culprit]
-        pick = pick if not pick.empty else changed[changed.kind != "module"]
-        pick = pick if not pick.empty else changed
-        rows.append(
-            {
-                "step": int(step),
-                "layer": int(lay),
-                "layer_label": "embed" if lay < 0 else "head" if lay >= num_layers else str(lay),
-                "calls": len(part),
-                "outputs_changed": int(part.out_changed.sum()),
-                "inputs_changed": int(part.in_changed.sum()),
-                "culprits": int(part.culprit.sum()),
-                "first_changed": pick.name.iloc[0] if not pick.empty else "",
-            }
-        )
-    return pd.DataFrame(rows, columns=LAYER_COLUMNS[7:])
+    d = df[df.matched & (df.parent != "")]  # the root module spans every layer
+    names = d.name.unique()
+    numbers = {}
+    for n in names:
+        m = _LAYER.search(n)
+        numbers[n] = int(m.group(1)) if m else None
+    inside = [n for n in names if numbers[n] is not None]
+    # modules that hold the layers (HF's `model`) span them too: the dotted prefixes of names inside
+    holders = {n[:i] for n in inside for i, c in enumerate(n) if c == "."}
+    d = d[~d.name.isin([n for n in names if numbers[n] is None and n in holders])]
+    layer = d.name.map(numbers)
+    in_layers = layer.notna()
+    first = d.order[in_layers].min() if in_layers.any() else float("inf")
+    layer = layer.where(in_layers, (d.order > first).map({True: num_layers, False: -1}))
+    d = d.assign(layer=layer.astype(int), out_changed=d.changed_outputs != "", in_changed=d.changed_inputs != "")
+    keys = ["step", "layer"]
+    out = d.groupby(keys, sort=True).agg(
+        calls=("name", "size"), outputs_changed=("out_changed", "sum"), inputs_changed=("in_changed", "sum"),
+        culprits=("culprit", "sum"),
+    )  # fmt: skip
+    # the call to read first: a culprit, else the first changed call that is not a module
+    # (a module starts before the calls inside it), else the first changed module
+    changed = d[d.out_changed]
+    rank = (~changed.culprit).astype(int) * (1 + (changed.kind == "module"))
+    picks = changed.assign(rank=rank).sort_values([*keys, "rank", "order"]).drop_duplicates(keys).set_index(keys)
+    out["first_changed"] = picks.name.reindex(out.index).fillna("")
+    out = out.reset_index()
+    out["layer_label"] = [
+        "embed" if lay < 0 else "head" if lay >= num_layers else str(lay) for lay in out.layer
+    ]  # fmt: skip
+    return out.astype({c: int for c in ("step", "layer", "calls", "outputs_changed", "inputs_changed", "culprits")})[
+        LAYER_COLUMNS[7:]
+    ]
 
 
 @dataclass
@@ -608,6 +609,7 @@ class _Sweep:
         label = runner.label(variant)
         base = _base_row(self.cfg, runner, variant, label, b, self.info)
         diffs_left = MAX_DIFFS_PER_BATCH
+        ran = (_ran(batched.trace) or ("torch (HF)" if runner.kind == "hf" else "")) if batched.gen is not None else ""
         for pos in b.compared:
             row = dict(base, comparison=len(self.rows), position=pos)
             self.rows.append(row)
@@ -616,7 +618,7 @@ class _Sweep:
                 row.update(status=status, covered=batched.covered, reason=batched.error)
                 continue
             row.update(_outputs(alone.gen, batched.gen, pos))
-            row["backend_ran"] = _ran(batched.trace) or ("torch (HF)" if runner.kind == "hf" else "")
+            row["backend_ran"] = ran
             first = pos == b.compared[0]
             if not (first or (not row["bitwise_equal"] and diffs_left > 0)):
                 continue

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from gdn_lab import routing
-from gdn_lab.cache import build_paged_kv, conv_state_pool, gdn_state_pool
+from gdn_lab.cache import conv_state_pool, gdn_state_pool, page_table
 from gdn_lab.model.config import ModelConfig
 from gdn_lab.model.layers import (
     DECODE,
@@ -130,15 +130,12 @@ class Cache:
         self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if attn:
             # NaN placeholders: pages hold NaN until written, so reading past a context shows.
-            hold = [
-                torch.full((c, cfg.num_kv_heads, cfg.head_dim), float("nan"), dtype=cfg.dtype) for c in self.capacity
-            ]
-            paged = build_paged_kv(hold, hold, page_size=cfg.page_size, seed=seed, shuffle=shuffle)
-            self.page_indptr = paged.kv_indptr.tolist()
-            self.page_ids = paged.kv_indices.tolist()
+            self.page_indptr, self.page_ids, num_pages = page_table(
+                self.capacity, cfg.page_size, seed=seed, shuffle=shuffle
+            )
+            shape = (num_pages, cfg.page_size, cfg.num_kv_heads, cfg.head_dim)
             for i in attn:
-                k = paged.k_cache.to(dev) if i == attn[0] else torch.full_like(paged.k_cache, float("nan"), device=dev)
-                self.kv[i] = (k, torch.full_like(k, float("nan")))
+                self.kv[i] = tuple(torch.full(shape, float("nan"), dtype=cfg.dtype, device=dev) for _ in "kv")
         else:
             self.page_indptr, self.page_ids = [0] * (n + 1), []
         num_slots = n + 1  # a spare slot, so a request's slot is not its row

@@ -24,11 +24,26 @@ def causal_conv1d_sequence(x: torch.Tensor, history: torch.Tensor, weight: torch
 
 
 def causal_conv1d_update_torch(x, conv_state, weight, bias, slots, activation):
-    """Decode: one token per row through the conv, state shifted in place; negative slot -> zeros."""
+    """Decode: one token per row through the conv, state shifted in place; negative slot -> zeros.
+
+    All rows at once, and still batch-invariant: each output is its own row's taps added one after
+    another in tap order (elementwise ops only, no reduction kernel whose split could follow the
+    batch).
+    """
     out = torch.zeros_like(x)
-    for i, slot in enumerate(slots.tolist()):
-        if slot < 0:
-            continue
-        y, conv_state[slot] = causal_conv1d_sequence(x[i : i + 1], conv_state[slot], weight, bias, activation)
-        out[i] = y[0].to(x.dtype)
+    rows = torch.nonzero(slots >= 0).flatten()
+    if rows.numel() == 0:
+        return out
+    idx = slots[rows].long()
+    full = torch.cat([conv_state[idx].float(), x[rows].float()[:, :, None]], dim=2)  # [R, C, W]
+    w = weight.float()
+    y = full[:, :, 0] * w[:, 0]
+    for tap in range(1, w.shape[1]):
+        y = y + full[:, :, tap] * w[:, tap]
+    if bias is not None:
+        y = y + bias.float()
+    if activation:
+        y = F.silu(y)
+    conv_state[idx] = full[:, :, 1:].to(conv_state.dtype)
+    out[rows] = y.to(x.dtype)
     return out

@@ -113,6 +113,28 @@ def test_conv_update_token_by_token_equals_the_sequence_conv():
     assert bool((out[0] == 0).all())
 
 
+def test_conv_update_row_is_the_same_bits_alone_and_in_any_batch():
+    g = torch.Generator().manual_seed(2)
+    C, W, S = 40, 4, 70
+    w, bias, state = torch.randn(C, W, generator=g), torch.randn(C, generator=g), torch.randn(S, C, W - 1, generator=g)
+    x = torch.randn(64, C, generator=g)
+    alone_state = state.clone()
+    alone = causal_conv1d_update(x[5:6], alone_state, w, bias, torch.tensor([7], dtype=torch.int32))
+    for B in (2, 9, 64):
+        pool = state.clone()
+        slots = torch.randperm(S, generator=g)[:B].to(torch.int32)
+        pos = int(torch.randint(0, B, (1,), generator=g))
+        slots[pos] = 7
+        slots[slots == 7] = -1
+        slots[pos] = 7
+        rows = x[:B].clone()
+        rows[pos] = x[5]
+        out = causal_conv1d_update(rows, pool, w, bias, slots)
+        assert torch.equal(out[pos], alone[0]), B
+        assert torch.equal(pool[7], alone_state[7]), B
+        assert bool((out[slots < 0] == 0).all())
+
+
 def test_bad_layer_input():
     from gdn_lab.ops.gdn_layer_prefill import example
 
