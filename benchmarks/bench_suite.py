@@ -7,7 +7,7 @@ same folder again, which the cold run filled (the CPU interpreter compiles nothi
 differ by noise). Every run's tables are compared with the first run's (`gdn-lab compare`).
 
 Usage:
-    python3 benchmarks/bench_suite.py --out OUT_DIR                           # h200, --jobs 1 and 2
+    python3 benchmarks/bench_suite.py --out OUT_DIR                           # h200, --jobs 2 and 3
     python3 benchmarks/bench_suite.py --out OUT_DIR --smoke                   # cpu-smoke, --jobs 2
     python3 benchmarks/bench_suite.py --out OUT_DIR --smoke --only 00 --jobs 1
 
@@ -49,13 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--smoke", action="store_true", help="the cpu-smoke preset (default preset: h200)")
     p.add_argument("--preset", default=None, help="a preset name or YAML file (overrides --smoke's choice)")
-    p.add_argument("--jobs", default=None, help="comma-separated --jobs values (default 1,2; --smoke 2)")
+    p.add_argument("--jobs", default=None, help="comma-separated --jobs values (default 2,3; --smoke 2)")
     p.add_argument("--only", nargs="+", default=None, metavar="NOTEBOOK", help="run only these notebooks")
     add_device_option(p)  # cpu or cuda: every notebook's `device` (auto: the preset's own)
     args = p.parse_args(argv)
     preset = args.preset or ("cpu-smoke" if args.smoke else "h200")
     try:
-        jobs = [int(j) for j in (args.jobs or ("2" if args.smoke else "1,2")).split(",")]
+        jobs = [int(j) for j in (args.jobs or ("2" if args.smoke else "2,3")).split(",")]
     except ValueError:
         p.error(f"--jobs: expected comma-separated integers, got {args.jobs!r}")
     out = Path(args.out)
