@@ -134,8 +134,12 @@ class Cache:
                 self.capacity, cfg.page_size, seed=seed, shuffle=shuffle
             )
             shape = (num_pages, cfg.page_size, cfg.num_kv_heads, cfg.head_dim)
+
+            def pool() -> torch.Tensor:
+                return torch.full(shape, float("nan"), dtype=cfg.dtype, device=dev)
+
             for i in attn:
-                self.kv[i] = tuple(torch.full(shape, float("nan"), dtype=cfg.dtype, device=dev) for _ in "kv")
+                self.kv[i] = (pool(), pool())
         else:
             self.page_indptr, self.page_ids = [0] * (n + 1), []
         num_slots = n + 1  # a spare slot, so a request's slot is not its row
