@@ -94,7 +94,8 @@ def check_hashable(name: str, t: object) -> None:
 _SIGNATURES: dict[tuple[torch.dtype, torch.Size], tuple[torch.dtype, int, int, int, bool]] = {}
 
 
-def _signature(dtype: torch.dtype, shape: torch.Size) -> tuple[torch.dtype, int, int, int, bool]:
+def words_signature(dtype: torch.dtype, shape: torch.Size) -> tuple[torch.dtype, int, int, int, bool]:
+    """(int view dtype, rows, words per row, salt, complex) of a tensor of this dtype and shape."""
     found = _SIGNATURES.get((dtype, shape))
     if found is None:
         cplx = dtype.is_complex
@@ -111,7 +112,7 @@ def _signature(dtype: torch.dtype, shape: torch.Size) -> tuple[torch.dtype, int,
 def _words(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     """(t's bits as a contiguous integer tensor, rows R, words per row F, salt): rows along the
     leading dim (one row for 0-dim), row r's words at [r * F, (r + 1) * F) of the flat tensor."""
-    view, r, f, salt, cplx = _signature(t.dtype, t.shape)
+    view, r, f, salt, cplx = words_signature(t.dtype, t.shape)
     if cplx:
         t = torch.view_as_real(t)
     if not t.is_contiguous():
@@ -135,13 +136,19 @@ def resolve_impl(impl: str, device: torch.device) -> str:
     return "triton" if mode == "gpu" else "torch"
 
 
+@functools.cache
+def _triton_row_values() -> Any:
+    # imported on first use (it imports triton); cached: the import statement costs a microsecond per hashed tensor
+    from gdn_lab.trace.triton_hash import row_values_triton
+
+    return row_values_triton
+
+
 def row_values(words: torch.Tensor, r: int, f: int, impl: str, out: torch.Tensor, offset: int = 0) -> None:
     """The row stage into out[offset : offset + r]: R_r = sum_j mix(w_rj + (j + 1) * G) of the
     contiguous integer words (`_words`: R rows of F)."""
     if impl == "triton":
-        from gdn_lab.trace.triton_hash import row_values_triton
-
-        row_values_triton(words, r, f, out, offset)
+        _triton_row_values()(words, r, f, out, offset)
         return
     # Promotes the words to int64 and adds each column's step in one op, into a new tensor (the
     # in-place mixing below must never reach the caller's int64 tensor).
@@ -260,6 +267,10 @@ class _Arena:
 
     def rows(self, t: torch.Tensor) -> Rows:
         words, n, f, salt = _words(t)
+        return self.read(words, n, f, salt)
+
+    def read(self, words: torch.Tensor, n: int, f: int, salt: int) -> Rows:
+        """The row stage of `words` (`_words`' integer tensor: n rows of f) into the arena now."""
         if self.fill + n > self.capacity:
             # Zeros (the Triton row stage adds wide rows' column blocks into them); normal tensors
             # even inside inference_mode, so a later forward outside it can still write them.
@@ -359,6 +370,16 @@ class HashSink:
         """Run t's row stage now (its bits as they are), for `add`."""
         self.n_read += 1
         return self._arena(t.device).rows(t)
+
+    def put(self, rows: Rows, seg: torch.Tensor | None, pos: torch.Tensor | None, n_requests: int) -> int:
+        """Add `rows` (read by this sink) whole and, when seg is given, per request: returns the
+        whole slot, the request slots follow it (the recorder's path: `add` without its keywords)."""
+        whole = self.n_slots
+        self.n_slots = whole + 1 + (n_requests if seg is not None else 0)
+        rows.arena.added.append((rows, seg, pos, whole + 1, whole))
+        self._read = None
+        self.n_tensors += 1
+        return whole
 
     def add(
         self,

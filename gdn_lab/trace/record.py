@@ -63,7 +63,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from gdn_lab import routing
 from gdn_lab.checks import dtype_name
-from gdn_lab.trace.hashing import HashSink, Rows
+from gdn_lab.trace.hashing import HashSink, Rows, words_signature
 from gdn_lab.trace.layout import PADDED, UNALIGNED, Layout
 from gdn_lab.trace.op_views import RowsView, describe_call, split_args
 
@@ -133,6 +133,25 @@ class TensorRecord:
 
 
 @dataclass(eq=False, slots=True)
+class _Kind:
+    """How a trace hashes tensors of one (layout, dtype, shape, device): derived once (`Trace._kind`)."""
+
+    alignment: str
+    dims: tuple[int, ...]
+    dtype: str  # its name
+    flatten: bool  # a padded layout's [N, T, ...]: rows are its N * T positions
+    cplx: bool  # complex: hashed as its real view
+    arena: Any  # the sink's arena on the device
+    view: torch.dtype  # the integer view its words are read as
+    n: int  # rows
+    f: int  # words per row
+    salt: int
+    seg: torch.Tensor | None  # the layout's row tables on the device; None: hashed whole only
+    pos: torch.Tensor | None
+    n_requests: int
+
+
+@dataclass(eq=False, slots=True)
 class Entry:
     """One recorded call.
 
@@ -181,15 +200,15 @@ class Trace:
     def __init__(self, level: str, layout: Layout, sink: HashSink, reuse: bool = True) -> None:
         self.level = level
         self._reuse = reuse
-        # (id, flattened) -> (entry index when read, weakref, (version, pointer, shape, strides), rows)
-        self._seen: dict[tuple[int, bool], tuple[int, weakref.ref, tuple, Rows]] = {}
+        # id -> (entry index when read, weakref, (version, pointer, shape, strides, flattened), rows)
+        self._seen: dict[int, tuple[int, weakref.ref, tuple, Rows]] = {}
         self._layout = layout
         self._step = 0
         self._steps = [0]
         self._sink = sink
         self._entries: list[Entry] = []
         self._counts: dict[tuple[int, str], int] = {}
-        self._descriptions: dict[tuple[Layout, torch.dtype, torch.Size], tuple[str, tuple[int, ...], str]] = {}
+        self._kinds: dict[tuple[Layout, torch.dtype, torch.Size, torch.device], _Kind] = {}
 
     @property
     def layout(self) -> Layout:
@@ -288,47 +307,52 @@ class Trace:
         self._entries.append(entry)
         return entry
 
-    def _rows(self, t: torch.Tensor, shape: torch.Size, flatten: bool, since: int) -> Rows:
-        """t's row values: those read earlier by a call that began after entry `since`, if t is the
-        same tensor with the same bits as far as torch can tell (object, version counter, pointer,
-        shape, strides), else read now."""
-        if not self._reuse:
-            return self._sink.rows(t.flatten(0, 1) if flatten else t)
-        key = (id(t), flatten)
-        seen = self._seen.get(key)
-        state = (t._version, t.data_ptr(), shape, t.stride())
-        if seen is not None and seen[0] > since and seen[1]() is t and seen[2] == state:
-            return seen[3]
-        rows = self._sink.rows(t.flatten(0, 1) if flatten else t)
-        self._seen[key] = (len(self._entries) - 1, weakref.ref(t), state, rows)
-        return rows
+    def _kind(self, layout: Layout, dtype: torch.dtype, shape: torch.Size, device: torch.device) -> _Kind:
+        """What hashing a tensor of this layout, dtype, shape and device takes, derived once: a
+        forward hashes the same few signatures thousands of times (`_hash`)."""
+        alignment = layout.alignment_of(shape)
+        flatten = alignment == PADDED
+        rows_shape = torch.Size([shape[0] * shape[1], *shape[2:]]) if flatten else shape
+        view, n, f, salt, cplx = words_signature(dtype, rows_shape)
+        seg, pos = (None, None) if alignment == UNALIGNED else layout.rows(alignment, device)
+        kind = _Kind(alignment, tuple(shape), dtype_name(dtype), flatten, cplx, self._sink._arena(device), view, n, f,
+                     salt, seg, pos, layout.num_requests)  # fmt: skip
+        self._kinds[(layout, dtype, shape, device)] = kind
+        return kind
 
-    def _described(self, layout: Layout, dtype: torch.dtype, shape: torch.Size) -> tuple[str, tuple[int, ...], str]:
-        """(alignment, shape as a tuple, dtype name) of a tensor's metadata, once per signature: a
-        forward hashes the same few shapes hundreds of times."""
-        key = (layout, dtype, shape)
-        found = self._descriptions.get(key)
-        if found is None:
-            found = self._descriptions[key] = (layout.alignment_of(shape), tuple(shape), dtype_name(dtype))
-        return found
+    def _read(self, t: torch.Tensor, kind: _Kind) -> Rows:
+        """t's row stage now, into its device's arena."""
+        if kind.flatten:
+            t = t.flatten(0, 1)
+        if kind.cplx:
+            t = torch.view_as_real(t)
+        if not t.is_contiguous():
+            t = t.contiguous()
+        self._sink.n_read += 1
+        return kind.arena.read(t.view(kind.view), kind.n, kind.f, kind.salt)
 
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1) -> list[TensorRecord]:
-        """Hash each tensor; rows read by calls that began after entry `since` may be reused."""
+        """Hash each tensor. With reuse on, a tensor read by a call that began after entry `since`
+        is not read again if torch shows it unchanged (the same object, version counter, data
+        pointer, shape, strides and flattening)."""
         records = []
-        sink = self._sink
+        kinds, seen, sink, reuse = self._kinds, self._seen, self._sink, self._reuse
         for path, t in items:
-            shape = t.shape
-            alignment, dims, dtype = self._described(layout, t.dtype, shape)
-            rows = self._rows(t, shape, alignment == PADDED, since)
-            if alignment == UNALIGNED:
-                whole, base = sink.slots(1), -1
-                sink.add(rows, whole_slot=whole)
-            else:  # the whole-tensor slot, then one per request
-                seg, pos = layout.rows(alignment, rows.arena.device)
-                whole = sink.slots(1 + layout.num_requests)
-                base = whole + 1
-                sink.add(rows, seg=seg, pos=pos, base=base, whole_slot=whole)
-            records.append(TensorRecord(path, dims, dtype, alignment, layout, base, whole))
+            shape, dtype, device = t.shape, t.dtype, t.device
+            kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
+            if reuse:
+                state = (t._version, t.data_ptr(), shape, t.stride(), kind.flatten)
+                hit = seen.get(id(t))
+                if hit is not None and hit[0] > since and hit[2] == state and hit[1]() is t:
+                    rows = hit[3]
+                else:
+                    rows = self._read(t, kind)
+                    seen[id(t)] = (len(self._entries) - 1, weakref.ref(t), state, rows)
+            else:
+                rows = self._read(t, kind)
+            whole = sink.put(rows, kind.seg, kind.pos, kind.n_requests)
+            base = -1 if kind.seg is None else whole + 1
+            records.append(TensorRecord(path, kind.dims, kind.dtype, kind.alignment, layout, base, whole))
         return records
 
     def _hash_views(self, items: Iterable[tuple[str, RowsView]], layout: Layout) -> list[TensorRecord]:
@@ -348,12 +372,20 @@ def _hashable(t: torch.Tensor) -> bool:
 def _tensors(obj: Any, path: str) -> list[tuple[str, torch.Tensor]]:
     """Tensors nested in tuples, lists and dicts, with their paths; other containers are opaque."""
     kind = type(obj)
+    if kind is torch.Tensor:  # the common cases first: this runs at every hook
+        return [(path, obj)] if _hashable(obj) else []
     if kind in _PLAIN:
         return []
-    if kind is torch.Tensor:  # the common case first: it runs at every hook
-        return [(path, obj)] if _hashable(obj) else []
     found: list[tuple[str, torch.Tensor]] = []
-    _collect(obj, path, found)
+    if kind is tuple:  # a module's args, a multi-output function: their first level here
+        for i, x in enumerate(obj):
+            if type(x) is torch.Tensor:
+                if _hashable(x):
+                    found.append((f"{path}[{i}]", x))
+            elif type(x) not in _PLAIN:
+                _collect(x, f"{path}[{i}]", found)
+    elif kind is not dict or obj:
+        _collect(obj, path, found)
     return found
 
 
@@ -394,17 +426,19 @@ def _function_info(func: Any) -> tuple[str, bool]:
     return info
 
 
-def _root(t: torch.Tensor) -> torch.Tensor:
-    """The tensor a view was taken from (a view's `_base` is the first tensor of its chain)."""
-    base = t._base
-    return t if base is None else base
-
-
 def _aliases(outputs: list[tuple[str, torch.Tensor]], inputs: list[tuple[str, torch.Tensor]]) -> bool:
-    """Every output is an input or a view of one: no new bits. (Storage shared any other way, as
-    detach() shares it, counts as new: those calls are recorded, which costs a hash, never a miss.)"""
-    roots = {id(_root(t)) for _, t in inputs}
-    return all(id(_root(t)) in roots for _, t in outputs)
+    """Every output is an input or a view of one (a view's `_base` is the first tensor of its
+    chain): no new bits. (Storage shared any other way, as detach() shares it, counts as new:
+    those calls are recorded, which costs a hash, never a miss.)"""
+    roots = set()
+    for _, t in inputs:
+        base = t._base
+        roots.add(id(t) if base is None else id(base))
+    for _, t in outputs:
+        base = t._base
+        if (id(t) if base is None else id(base)) not in roots:
+            return False
+    return True
 
 
 _DisableTorchFunction = torch._C.DisableTorchFunction
@@ -412,25 +446,27 @@ _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 
 
-class _quiet:
-    """The recorder's own torch calls must not reach any TorchFunctionMode (ours would record them)
-    nor build autograd graphs. A class, not a generator context manager: it runs at every hook
-    (and grad mode is only touched when it is on: inference runs without it)."""
+class _QuietGrad:
+    """`_quiet` while grad mode is on: torch functions off, then grad mode off, restored in reverse."""
 
-    __slots__ = ("_grad", "_off")
+    __slots__ = ("_off",)
 
     def __enter__(self) -> None:
         # torch functions off first: the grad-mode calls would reach the mode too
         self._off = _DisableTorchFunction()
         self._off.__enter__()
-        self._grad = _is_grad_enabled()
-        if self._grad:
-            _set_grad_enabled(False)
+        _set_grad_enabled(False)
 
     def __exit__(self, *exc: object) -> None:
-        if self._grad:
-            _set_grad_enabled(True)
+        _set_grad_enabled(True)
         self._off.__exit__(*exc)
+
+
+def _quiet() -> contextlib.AbstractContextManager[Any]:
+    """The recorder's own torch calls must not reach any TorchFunctionMode (ours would record them)
+    nor build autograd graphs. It runs at every hook: under inference (grad mode off) it is torch's
+    C guard alone, a third of the cost of a Python context manager."""
+    return _QuietGrad() if _is_grad_enabled() else _DisableTorchFunction()
 
 
 @dataclass(slots=True)
@@ -472,6 +508,11 @@ class _Recorder:
 
     def _pop_to(self, kind: str, key: Any) -> _Frame | None:
         """Pop the top-most frame of (kind, key) and every frame above it (calls that raised)."""
+        frames = self.frames
+        if frames and frames[-1].key is key and frames[-1].kind == kind:  # the call on top returns: most often
+            self.module_depth -= kind == MODULE
+            self.labop_depth -= kind == LAB_OP
+            return frames.pop()
         for i in range(len(self.frames) - 1, -1, -1):
             f = self.frames[i]
             if f.kind == kind and (f.key is key or f.key == key):
@@ -499,9 +540,9 @@ class _Recorder:
         and goes on."""
         if self.closed:  # another wrapper, set on top of ours during the block, outlived it
             return call(*args, **kwargs)
-        _, parent = self._enclosing()
         tr = self.trace
-        entry = tr._open(MODULE, self.label(path), type(module).__name__, path, parent, None)
+        parent = self.frames[-1].entry.index if self.frames else None
+        entry = tr._open(MODULE, path or self.root, type(module).__name__, path, parent, None)
         with _quiet():  # also around the flattening: tensor attribute reads go through torch functions
             entry.inputs = tr._hash(_tensors(args, "args") + _tensors(kwargs, "kwargs"), entry.layout)
         self._push(entry, MODULE, module)
@@ -569,7 +610,9 @@ class _Recorder:
             outputs = _tensors(out, "out")
             if not outputs:
                 return out
-            inputs = _tensors(args, "args") + _tensors(kwargs, "kwargs") if kwargs else _tensors(args, "args")
+            inputs = _tensors(args, "args")
+            if kwargs:
+                inputs += _tensors(kwargs, "kwargs")
             if _aliases(outputs, inputs):
                 return out
             entry = self._open_function(name)
@@ -578,6 +621,9 @@ class _Recorder:
         return out
 
     def _open_function(self, name: str) -> Entry:
+        top = self.frames[-1].entry if self.frames else None
+        if top is not None and top.kind == MODULE:  # most often: a call in a module's own forward
+            return self.trace._open(FUNCTION, f"{top.name}.{name}", name, top.module, top.index, None)
         module, parent = self._enclosing()
         return self.trace._open(FUNCTION, f"{self.label(module)}.{name}", name, module, parent, None)
 

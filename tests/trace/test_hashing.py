@@ -88,6 +88,26 @@ def test_triton_kernel_matches_the_torch_path(dtype, device):
         assert torch.equal(tensor_hash(t, impl="triton"), tensor_hash(t, impl="torch"))
 
 
+@needs_triton
+def test_triton_kernel_matches_with_rows_split_over_programs_and_programs_looping(monkeypatch, device):
+    # Thresholds shrunk so small shapes take every launch shape: row blocks split into column
+    # blocks that each loop over several tiles, and row blocks left whole looping over theirs.
+    from gdn_lab.trace import triton_hash
+
+    monkeypatch.setattr(triton_hash, "MIN_PROGRAMS", 4)
+    monkeypatch.setattr(triton_hash, "SPLIT_BELOW", 4)
+    triton_hash._launch_config.cache_clear()
+    try:
+        shapes = {(5, 5000): (True, 3), (9, 2100): (False, 3)}  # -> (split, tiles per program)
+        for shape, (split, n_iter) in shapes.items():
+            _, iters, _, _, splits = triton_hash._launch_config(*shape)
+            assert (splits, iters) == (split, n_iter)
+            t = sample(torch.bfloat16, shape).to(device)
+            assert torch.equal(tensor_hash(t, impl="triton"), tensor_hash(t, impl="torch"))
+    finally:
+        triton_hash._launch_config.cache_clear()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_request_hashes_the_same_alone_and_at_another_offset(dtype):
     t = sample(dtype, (9, 6))
