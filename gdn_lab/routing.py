@@ -227,7 +227,7 @@ def get(op: str, name: str) -> Backend:
     return _REGISTRY[op][name]
 
 
-@dataclass
+@dataclass(slots=True)  # one per routed call
 class Decision:
     """The outcome of routing one call.
 
@@ -296,9 +296,14 @@ def route(op: str, args: Mapping[str, Any], backend: str = "auto") -> Decision:
     """
     d = decide(op, args, backend)
     if d.backend is None:
-        detail = d.reason if backend != "auto" else "; ".join(f"{k}: {v}" for k, v in d.rejected.items())
-        raise NotCovered(op, backend, detail)
+        raise _not_covered(d)
     return d
+
+
+def _not_covered(d: Decision) -> NotCovered:
+    """The error for a decision that found no backend: the named one's reason, or every rejection."""
+    detail = d.reason if d.requested != "auto" else "; ".join(f"{k}: {v}" for k, v in d.rejected.items())
+    return NotCovered(d.op, d.requested, detail)
 
 
 class DispatchObserver(Protocol):
@@ -327,8 +332,9 @@ def observe(observer: DispatchObserver) -> Iterator[DispatchObserver]:
 def dispatch(op: str, args: Mapping[str, Any], backend: str = "auto") -> tuple[Any, Decision]:
     """Route and run: (output, decision). Observers (`observe`) see the inputs before the run,
     since in-place ops overwrite them, the run inside their `running` contexts, and the result after."""
-    d = route(op, args, backend)
-    assert d.backend is not None
+    d = decide(op, args, backend)
+    if d.backend is None:
+        raise _not_covered(d)
     if not _OBSERVERS:
         return d.backend.run(**args), d
     watching = list(_OBSERVERS)
