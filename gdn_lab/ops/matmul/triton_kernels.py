@@ -43,9 +43,10 @@ _GPU_CONFIGS = {
 _INTERPRETER_CONFIG = MatmulConfig(16, 32, 32, 1, 1)
 
 
-# Under the interpreter tl.dot is numpy's matmul, whose result for a row depends on the row's place in
-# the tile (measured: rows 0-5 and 6-15 of a 16-row block go through different BLAS micro-kernels),
-# so a request whose rows land at other tile offsets changed bits there. The interpreter therefore
+# Under the interpreter tl.dot is numpy's matmul, whose result for a row can depend on the row's place
+# in the tile (measured on one CPU: rows 0-5 and 6-15 of a 16-row block go through different BLAS
+# micro-kernels; OpenBLAS picks them per CPU, and on another every row was summed alike), so a
+# request whose rows land at other tile offsets changed bits there. The interpreter therefore
 # forms the float32 products and sums them over K in order (`ROW_EXACT_DOT`), the same sequence of
 # operations for every row; the GPU keeps tl.dot (the constexpr branch leaves its kernel as it was).
 

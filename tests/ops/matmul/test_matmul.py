@@ -7,6 +7,7 @@ middle. Each control is shown to differ on a case the test constructs.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -130,10 +131,23 @@ def _packed_outputs(run, target, w, g):
     return outs
 
 
+def _numpy_rows_depend_on_their_place(cfg, shifts: range, seed: int = 0) -> bool:
+    """Whether numpy's matmul of a [block_m, block_k] x [block_k, block_n] float32 tile (what tl.dot
+    runs under the interpreter) gives a row other bits when the row sits elsewhere in the tile.
+    It depends on the machine's BLAS: OpenBLAS picks its micro-kernels per CPU."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((cfg.block_m, cfg.block_k), dtype=np.float32)
+    b = rng.standard_normal((cfg.block_k, cfg.block_n), dtype=np.float32)
+    rows = a @ b
+    return any(not np.array_equal(np.roll(rows, s, axis=0), np.roll(a, s, axis=0) @ b) for s in shifts)
+
+
 def test_triton_rows_do_not_depend_on_their_tile_offset(device, monkeypatch):
     """A 9-row target packed after 0..16 other rows keeps its bits. Under the interpreter numpy's
-    matmul computes a row differently at different places in a tile (BLAS micro-kernels), so the
-    kernel's dot there is products summed over K in order; tl.dot itself shows the problem."""
+    matmul can compute a row differently at different places in a tile (BLAS micro-kernels, by
+    CPU), so the kernel's dot there is products summed over K in order. The control: with tl.dot
+    itself the target moves bits exactly when numpy's matmul of such tiles moves a row's bits on
+    this machine (computed here, never assumed)."""
     from gdn_lab.ops.matmul import triton_kernels
 
     g = torch.Generator().manual_seed(5)
@@ -143,10 +157,11 @@ def test_triton_rows_do_not_depend_on_their_tile_offset(device, monkeypatch):
     alone = run(target, w)
     for before, out in _packed_outputs(run, target, w, g).items():
         assert torch.equal(out, alone), f"target after {before} rows"
-    if device.type == "cpu":  # the test can see the problem: numpy's matmul under the interpreter
-        monkeypatch.setattr(triton_kernels, "interpreting", lambda: False)
+    if device.type == "cpu":
+        monkeypatch.setattr(triton_kernels, "interpreting", lambda: False)  # tl.dot, and the GPU tiles
         outs = _packed_outputs(run, target, w, g)
-        assert any(not torch.equal(out, run(target, w)) for out in outs.values())
+        moved = any(not torch.equal(out, run(target, w)) for out in outs.values())
+        assert moved == _numpy_rows_depend_on_their_place(triton_kernels.matmul_config(torch.float32), range(1, 17))
 
 
 def test_an_empty_batch_is_an_empty_result(device):
