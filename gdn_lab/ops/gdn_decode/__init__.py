@@ -102,16 +102,18 @@ def validate(
     `check_indices` checks the slot values (one host synchronisation) unless the same slots
     tensor passed unchanged before (`_check_slots_once`).
     """
+    global _LAST
     key = _signature(q, k, v, a, b, A_log, dt_bias, state, slots, scale, use_qk_l2norm)
-    if key is not None and key == _LAST[0]:
-        resolved = _LAST[1]
+    last = _LAST
+    if key is not None and key == last[0]:
+        resolved = last[1]
     else:
         try:
             resolved = _ACCEPTED.get(key)  # None for key None (never stored)
         except TypeError:  # an unhashable scale: the full checks name it
             key = resolved = None
         if resolved is not None:
-            _LAST[:] = key, resolved
+            _LAST = key, resolved
     if resolved is None:
         dims = checks.Dims()
         resolved = check_gdn_inputs(dims, "B", q, k, v, a, b, A_log, dt_bias, state, scale, use_qk_l2norm)
@@ -120,7 +122,7 @@ def validate(
             if len(_ACCEPTED) >= _ACCEPTED_MAX:
                 _ACCEPTED.clear()
             _ACCEPTED[key] = resolved
-            _LAST[:] = key, resolved
+            _LAST = key, resolved
     if check_indices:
         _check_slots_once(slots, state.shape[0])
     return {

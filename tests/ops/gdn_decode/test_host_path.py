@@ -80,6 +80,15 @@ def test_signature_key_rejects_what_the_checks_reject():
         SPEC.validate(**case, scale=[0.5])
 
 
+def test_alternating_signatures_each_get_their_own_scale():
+    # The last accepted signature is compared first: two that alternate must never swap scales.
+    small, large = _case(d=16), _case(d=64)
+    for _ in range(3):
+        assert SPEC.validate(**small)["scale"] == 16**-0.5
+        assert SPEC.validate(**large)["scale"] == 64**-0.5
+        assert SPEC.validate(**large, scale=0.25)["scale"] == 0.25
+
+
 def test_routing_order_follows_registry_changes():
     op = "gdn_decode"
     first = routing.decide(op, SPEC.validate(**_case()), "auto")
