@@ -176,7 +176,6 @@ def triton_installed() -> bool:
 
 
 @cache
-@cache  # routing asks on every call
 def _on_gpu(platform: str) -> str:
     return f"triton {triton_version()} on {platform}"
 

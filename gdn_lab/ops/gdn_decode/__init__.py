@@ -28,8 +28,9 @@ OP = "gdn_decode"
 _ACCEPTED: dict[tuple, float] = {}
 _ACCEPTED_MAX = 1024
 # The last accepted (key, scale): every GDN layer of a model shares one signature, so most calls
-# match it, and comparing with it skips hashing the key.
-_LAST: list = [None, None]
+# match it, and comparing with it skips hashing the key. One tuple, rebound whole: a thread
+# reads a key and its scale together.
+_LAST: tuple = (None, None)
 # Slot tensors whose values were checked: id -> (weak reference, version, data pointer, pool size).
 # A decode loop passes the same slots tensor step after step; its values are checked again only
 # when it is another tensor, its version counter moved (any in-place torch op on it or a view of
