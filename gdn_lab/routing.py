@@ -296,14 +296,9 @@ def route(op: str, args: Mapping[str, Any], backend: str = "auto") -> Decision:
     """
     d = decide(op, args, backend)
     if d.backend is None:
-        raise _not_covered(d)
+        detail = d.reason if backend != "auto" else "; ".join(f"{k}: {v}" for k, v in d.rejected.items())
+        raise NotCovered(op, backend, detail)
     return d
-
-
-def _not_covered(d: Decision) -> NotCovered:
-    """The error for a decision that found no backend: the named one's reason, or every rejection."""
-    detail = d.reason if d.requested != "auto" else "; ".join(f"{k}: {v}" for k, v in d.rejected.items())
-    return NotCovered(d.op, d.requested, detail)
 
 
 class DispatchObserver(Protocol):
@@ -332,9 +327,8 @@ def observe(observer: DispatchObserver) -> Iterator[DispatchObserver]:
 def dispatch(op: str, args: Mapping[str, Any], backend: str = "auto") -> tuple[Any, Decision]:
     """Route and run: (output, decision). Observers (`observe`) see the inputs before the run,
     since in-place ops overwrite them, the run inside their `running` contexts, and the result after."""
-    d = decide(op, args, backend)
-    if d.backend is None:
-        raise _not_covered(d)
+    d = route(op, args, backend)
+    assert d.backend is not None
     if not _OBSERVERS:
         return d.backend.run(**args), d
     watching = list(_OBSERVERS)

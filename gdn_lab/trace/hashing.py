@@ -113,11 +113,16 @@ def _words(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     """(t's bits as a contiguous integer tensor, rows R, words per row F, salt): rows along the
     leading dim (one row for 0-dim), row r's words at [r * F, (r + 1) * F) of the flat tensor."""
     view, r, f, salt, cplx = words_signature(t.dtype, t.shape)
+    return as_words(t, view, cplx), r, f, salt
+
+
+def as_words(t: torch.Tensor, view: torch.dtype, cplx: bool) -> torch.Tensor:
+    """t's bits as a contiguous integer tensor of dtype `view` (`words_signature` gives it and `cplx`)."""
     if cplx:
         t = torch.view_as_real(t)
     if not t.is_contiguous():
         t = t.contiguous()
-    return t.view(view), r, f, salt
+    return t.view(view)
 
 
 def resolve_impl(impl: str, device: torch.device) -> str:
@@ -376,10 +381,15 @@ class HashSink:
         whole slot, the request slots follow it (the recorder's path: `add` without its keywords)."""
         whole = self.n_slots
         self.n_slots = whole + 1 + (n_requests if seg is not None else 0)
-        rows.arena.added.append((rows, seg, pos, whole + 1, whole))
+        self._use(rows, seg, pos, whole + 1, whole)
+        return whole
+
+    def _use(
+        self, rows: Rows, seg: torch.Tensor | None, pos: torch.Tensor | None, base: int, whole: int | None
+    ) -> None:
+        rows.arena.added.append((rows, seg, pos, base, whole))
         self._read = None
         self.n_tensors += 1
-        return whole
 
     def add(
         self,
@@ -392,10 +402,7 @@ class HashSink:
     ) -> None:
         """Add t (a tensor, read now, or the Rows of one): its rows to slots base + seg (when seg
         is given; a negative seg drops the row), its whole hash to `whole_slot` (when given)."""
-        rows = t if type(t) is Rows else self.rows(t)
-        rows.arena.added.append((rows, seg, pos, base, whole_slot))
-        self._read = None
-        self.n_tensors += 1
+        self._use(t if type(t) is Rows else self.rows(t), seg, pos, base, whole_slot)
 
     def read(self) -> np.ndarray:
         """Every slot's hash (int64 [n_slots]); one device-to-host copy per device, cached until the next add."""

@@ -63,7 +63,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from gdn_lab import routing
 from gdn_lab.checks import dtype_name
-from gdn_lab.trace.hashing import HashSink, Rows, words_signature
+from gdn_lab.trace.hashing import HashSink, Rows, as_words, words_signature
 from gdn_lab.trace.layout import PADDED, UNALIGNED, Layout
 from gdn_lab.trace.op_views import RowsView, describe_call, split_args
 
@@ -324,12 +324,8 @@ class Trace:
         """t's row stage now, into its device's arena."""
         if kind.flatten:
             t = t.flatten(0, 1)
-        if kind.cplx:
-            t = torch.view_as_real(t)
-        if not t.is_contiguous():
-            t = t.contiguous()
         self._sink.n_read += 1
-        return kind.arena.read(t.view(kind.view), kind.n, kind.f, kind.salt)
+        return kind.arena.read(as_words(t, kind.view, kind.cplx), kind.n, kind.f, kind.salt)
 
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1) -> list[TensorRecord]:
         """Hash each tensor. With reuse on, a tensor read by a call that began after entry `since`
