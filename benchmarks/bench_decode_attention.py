@@ -9,7 +9,7 @@ cache for our kernels, page sizes 16 and 1. Timed implementations:
   view of the same memory as the paged cache (pages in order), in flash attention's native
   [B, ctx, Hkv, D] layout. The first backend of flash, cuDNN, efficient that accepts the call
   runs (`sdpa_backend`); the math backend is never used.
-- `triton`: `decode_attention_triton` (per-request 64/128-token blocks folded into 1024-token
+- `triton`: `decode_attention_triton` (per-request 64/128-token blocks folded into 512- or 1024-token
   nodes; the plan, fine or coarse, from the batch, which never changes a bit; the grid bound
   passed in, so no host synchronisation).
 - `control`: `decode_attention_splitk_by_batch` (splits from the batch, FA2's heuristic; the same

@@ -1,4 +1,4 @@
-"""decode_attention's Triton backends: `triton` (fixed per-request blocks and 1024-token nodes) and the control `triton-splitk-by-batch`.
+"""decode_attention's Triton backends: `triton` (fixed per-request blocks and 512- or 1024-token nodes) and the control `triton-splitk-by-batch`.
 
 Light on purpose: the kernel module (`triton_kernels`, which imports triton) loads on the first run.
 """
@@ -21,7 +21,7 @@ register(
         available=triton_available,
         covered=triton_covered,
         priority=PRIORITY_TRITON,
-        description="our Triton paged decode: per-request blocks folded into 1024-token nodes, float32 partials, fixed-order merges; bit-neutral plans",
+        description="our Triton paged decode: per-request blocks folded into fixed nodes (512 or 1024 tokens), float32 partials, fixed-order merges; bit-neutral plans",
     )
 )
 register(

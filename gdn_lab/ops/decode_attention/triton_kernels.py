@@ -5,7 +5,7 @@ The numbers a request gets are fixed by the request alone (and the per-(head dim
 1. Block j holds the request's tokens j*BN .. j*BN+BN-1. Its softmax state is computed on its own
    (`paged_kv_triton.block_softmax_state`): m_j = max logit (base 2), l_j = sum exp2(s - m_j),
    o_j = sum exp2(s - m_j) v (float32, the GQA query heads of one KV head together).
-2. Node n is blocks n*R .. n*R+R-1 (R = `node_blocks`, 1024 tokens with the GPU configs): its
+2. Node n is blocks n*R .. n*R+R-1 (R = `node_blocks`; 512 or 1024 tokens on the GPU): its
    state is the left fold of its blocks' states, in order (`paged_kv_triton.fold_softmax_state`).
 3. The request's output merges its nodes in a fixed order (`_decode_reduce_kernel`: chunks of BP
    nodes in sequence, a fixed-shape tree inside a chunk; positions past the last node add exact
@@ -15,7 +15,7 @@ Who computes what is free, because it never changes an operation: a `DecodePlan`
 into programs. `unit` is what a program stores to the float32 workspace (a block's state, or a
 node's), `span` how many consecutive units one program walks. A coarse plan (nodes, several per
 program when the batch is large) folds blocks into nodes in registers and writes one row per
-1024 tokens; a fine plan (a program per few blocks, for small batches that would leave the GPU
+node; a fine plan (a program per few blocks, for small batches that would leave the GPU
 idle) writes every block's state, and the reduce folds them into nodes with the same
 `fold_softmax_state`, in the same order, then merges the nodes with the same code. Folding into
 the empty state is exact, so a block stored alone and a block folded first into a fresh
@@ -77,6 +77,10 @@ class DecodeConfig:
         num_stages: software-pipelining depth of the token loop.
         max_registers: a register cap per thread (ptxas .maxnreg) that lets more programs share an
             SM, or None (the compiler's choice).
+        coarse_fill: nodes per SM from which `decode_plan` picks a coarse plan (bit-neutral). A
+            fine plan writes G * D * 4 bytes of workspace per block and the reduce folds a node's
+            blocks in sequence: with D = 256 (G = 8) that outweighs a coarse plan's idle SMs
+            sooner than with D = 128.
     """
 
     block_n: int
@@ -84,6 +88,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     max_registers: int | None = None
+    coarse_fill: float = 0.5
 
     @property
     def node_tokens(self) -> int:
@@ -106,23 +111,27 @@ class DecodePlan:
 
 # Fixed per (head-dim tile, operand kind) on the GPU; `--sweep` in benchmarks/bench_decode_attention.py
 # measures the alternatives. Chosen from sm_90 compiles (Triton 3.6: registers, spills, shared
-# memory, buffers), to keep about 128 KB of K/V loads per SM in flight (Little's law: 4.4 TB/s x
-# ~1.5 us under load / 132 SMs is ~50 KB, and a one-buffer pipeline waits half the time):
-# - 16-bit D = 128: 64-token blocks, 5 stages (two K/V buffers: block i+1 loads while block i
-#   computes), capped at 128 registers: 2 programs of 4 warps per SM (shared memory);
+# memory, buffers) and H200 timings against the control (2026-12-02, B 1..256 x ctx 1k..16k):
+# - D = 128: 128-token blocks in 512-token nodes, 4 warps, no register cap; 3 stages (16-bit),
+#   5 (fp8). With this session's reduce and plans, against the code before (64-token blocks in
+#   1024-token nodes), the calls took 0.83x (16-bit) and 0.80x (fp8) the time on average; a fine
+#   plan's reduce folds 4 blocks per node in sequence instead of 16, which is what a one-request
+#   decode waits for;
 # - 16-bit D = 256: 64-token blocks, 8 warps, one buffer, 128 registers (one spilled reload per
-#   block): 2 programs per SM, 64 KB each in flight (169 uncapped registers allow only one);
-# - fp8: 8 warps capped at 128 registers and two buffers (the e4m3 -> fp16 conversions need
-#   registers; 4 warps hold 195-212 and fit 2 programs of half the bytes);
+#   block): 2 programs per SM, 64 KB each in flight (169 uncapped registers allow only one).
+#   512- and 256-token nodes made small batches faster and large ones slower (0.82-0.91x the
+#   control at B 64-256, ctx 4k-16k);
+# - fp8 D = 256: 8 warps capped at 128 registers and two buffers (the e4m3 -> fp16 conversions
+#   need registers);
 # - fp32 operands: IEEE FMA products hold whole operand tiles in registers: one stage, 8 warps.
-# Nodes are 1024 tokens throughout: the workspace then costs G * D * 4 bytes written and read back
-# per 1024 tokens of a KV head, under 2 % of the KV read for bf16 at G = 8, D = 256.
+# The workspace costs G * D * 4 bytes written and read back per node of a KV head: 3 % of the KV
+# read for bf16 at D = 128 (G = 4, 512-token nodes), under 2 % at D = 256 (G = 8, 1024 tokens).
 _GPU_CONFIGS = {
     (64, "16bit"): DecodeConfig(64, 16, 4, 5, 128),
-    (128, "16bit"): DecodeConfig(64, 16, 4, 5, 128),
+    (128, "16bit"): DecodeConfig(128, 4, 4, 3, coarse_fill=1.0),
     (256, "16bit"): DecodeConfig(64, 16, 8, 3, 128),
     (64, "fp8"): DecodeConfig(64, 16, 4, 5),
-    (128, "fp8"): DecodeConfig(128, 8, 8, 5, 128),
+    (128, "fp8"): DecodeConfig(128, 4, 4, 5, coarse_fill=1.0),
     (256, "fp8"): DecodeConfig(64, 16, 8, 5, 128),
     (64, "fp32"): DecodeConfig(32, 32, 8, 1),
     (128, "fp32"): DecodeConfig(32, 32, 8, 1),
@@ -131,12 +140,12 @@ _GPU_CONFIGS = {
 # Small nodes under the interpreter, so tiny tests cross node edges (256 tokens).
 _INTERPRETER_CONFIG = DecodeConfig(64, 4, 1, 1)
 
-# Plan policy (bit-neutral): coarse once the batch has at least COARSE_FILL nodes per SM;
-# programs are then lengthened (several nodes each) while at least COARSE_PROGRAMS_PER_SM remain;
-# a fine plan keeps FINE_PROGRAMS_PER_SM programs per SM.
-COARSE_FILL = 0.5
-COARSE_PROGRAMS_PER_SM = 8
-FINE_PROGRAMS_PER_SM = 2
+# Plan policy (bit-neutral): coarse once the batch has at least the config's coarse_fill nodes
+# per SM; a coarse plan's programs then walk as many nodes each as keep PROGRAMS_PER_SM programs
+# per SM, a fine plan's as few blocks as keep at most PROGRAMS_PER_SM. Spans divide the request's
+# nodes (coarse) or a node's blocks (fine): a shorter last span leaves its SM idle (H200: 3 nodes
+# per program of 8 ran 0.85x as fast as 2 or 4).
+PROGRAMS_PER_SM = 2
 
 
 def operand_kind(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> str:
@@ -164,17 +173,22 @@ def decode_config(head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype) ->
 def decode_plan(batch: int, num_kv_heads: int, max_len: int, num_sms: int, config: DecodeConfig) -> DecodePlan:
     """The plan for a batch (its size, KV heads, the grid bound, the SM count): bit-neutral.
 
-    Coarse (a node per stored row) when the batch holds at least COARSE_FILL nodes per SM, with
-    as many nodes per program as keep COARSE_PROGRAMS_PER_SM programs per SM; else fine (every
-    block stored), with as many blocks per program (at most a node) as keep FINE_PROGRAMS_PER_SM.
+    Coarse (a node per stored row) when the batch holds at least `config.coarse_fill` nodes per
+    SM, with the most nodes per program (a divisor of the request's nodes) that keep
+    PROGRAMS_PER_SM programs per SM; else fine (every block stored), with the fewest blocks per
+    program (a divisor of a node's blocks) that keep at most PROGRAMS_PER_SM.
     """
     pairs = batch * num_kv_heads
     n_blocks = triton.cdiv(max_len, config.block_n)
     n_nodes = triton.cdiv(n_blocks, config.node_blocks)
-    if pairs * n_nodes >= COARSE_FILL * num_sms:
-        per = max(1, min(n_nodes, pairs * n_nodes // (COARSE_PROGRAMS_PER_SM * num_sms)))
+    slots = PROGRAMS_PER_SM * num_sms
+    if pairs * n_nodes >= config.coarse_fill * num_sms:
+        most = max(1, pairs * n_nodes // slots)
+        per = max(d for d in range(1, n_nodes + 1) if n_nodes % d == 0 and d <= most)
         return DecodePlan(config.node_blocks, per * config.node_blocks)
-    per = max(1, min(config.node_blocks, pairs * n_blocks // (FINE_PROGRAMS_PER_SM * num_sms)))
+    least = -(-pairs * n_blocks // slots)
+    nb = config.node_blocks
+    per = min((d for d in range(1, nb + 1) if nb % d == 0 and d >= least), default=nb)
     return DecodePlan(1, per)
 
 
@@ -296,8 +310,7 @@ def _decode_reduce_kernel(
     HQ: tl.constexpr,
     D: tl.constexpr,
     SPLIT_BY_COUNT: tl.constexpr,
-    BN: tl.constexpr,
-    NODE_BLOCKS: tl.constexpr,
+    GROUP: tl.constexpr,
     FP8: tl.constexpr,
     BD: tl.constexpr,
     BP: tl.constexpr,
@@ -308,9 +321,9 @@ def _decode_reduce_kernel(
     if SPLIT_BY_COUNT:
         unit = tl.cdiv(seq_len, num_splits)
     n_units = tl.cdiv(seq_len, unit)
-    # Fine plans stored blocks: fold each node's NODE_BLOCKS blocks first, as a program would have.
-    group = 1 if SPLIT_BY_COUNT else tl.where(unit == BN, NODE_BLOCKS, 1)
-    n_nodes = tl.cdiv(n_units, group)
+    # A fine plan stored blocks (GROUP = node_blocks, else 1): fold each node's blocks first, in
+    # order, as a program would have folded them.
+    n_nodes = tl.cdiv(n_units, GROUP)
     base = (i_b.to(tl.int64) * HQ + i_h) * max_units
     o_p = tl.arange(0, BP)
     o_d = tl.arange(0, BD)
@@ -326,8 +339,11 @@ def _decode_reduce_kernel(
         c_m = tl.full([BP], float("-inf"), tl.float32)
         c_l = tl.zeros([BP], tl.float32)
         c_o = tl.zeros([BP, BD], tl.float32)
-        for r in range(0, group):
-            u = nodes * group + r
+        # Unrolled (GROUP is a constant), so the compiler issues the blocks' loads ahead of their
+        # folds: a runtime loop waited for each load in turn, and at one request 16 such waits
+        # were most of the call.
+        for r in tl.static_range(GROUP):
+            u = nodes * GROUP + r
             m_u = u < n_units
             e_m = tl.load(ws_m_ptr + base + u, mask=m_u, other=float("-inf"))
             e_l = tl.load(ws_l_ptr + base + u, mask=m_u, other=0.0)
@@ -399,7 +415,7 @@ def _launch(
     _decode_reduce_kernel[(B, HQ)](
         out, seq_lens, vs, ws_o, ws_m, ws_l, unit=unit, num_splits=num_splits, max_units=max_units,
         stride_ob=out.stride(0), stride_oh=out.stride(1),
-        HQ=HQ, D=D, SPLIT_BY_COUNT=split, BN=config.block_n, NODE_BLOCKS=config.node_blocks, FP8=fp8,
+        HQ=HQ, D=D, SPLIT_BY_COUNT=split, GROUP=config.node_blocks if unit == config.block_n else 1, FP8=fp8,
         BD=bd, BP=max(1, _REDUCE_TILE // bd), num_warps=1 if interpreting() else 8,
     )  # fmt: skip
     return out
