@@ -111,16 +111,17 @@ class DecodePlan:
 
 # Fixed per (head-dim tile, operand kind) on the GPU; `--sweep` in benchmarks/bench_decode_attention.py
 # measures the alternatives. Chosen from sm_90 compiles (Triton 3.6: registers, spills, shared
-# memory, buffers) and H200 timings against the control (2026-12-02, B 1..256 x ctx 1k..16k):
+# memory, buffers) and H200 timings against the control (B 1..256 x ctx 1k..16k):
 # - D = 128: 128-token blocks in 512-token nodes, 4 warps, no register cap; 3 stages (16-bit),
-#   5 (fp8). With this session's reduce and plans, against the code before (64-token blocks in
-#   1024-token nodes), the calls took 0.83x (16-bit) and 0.80x (fp8) the time on average; a fine
-#   plan's reduce folds 4 blocks per node in sequence instead of 16, which is what a one-request
-#   decode waits for;
+#   5 (fp8). A fine plan's reduce then folds 4 blocks per node in sequence instead of 16, which is
+#   what a one-request decode waits for. With the unrolled reduce and these plans, against the
+#   code before (64-token blocks in 1024-token nodes; data/bench/h200/bench_decode_attention.csv
+#   of a5317a3 and of 4a9067d), the calls took 0.85x (16-bit) and 0.80x (fp8) the time
+#   (geometric means over 30 cases each);
 # - 16-bit D = 256: 64-token blocks, 8 warps, one buffer, 128 registers (one spilled reload per
 #   block): 2 programs per SM, 64 KB each in flight (169 uncapped registers allow only one).
-#   512- and 256-token nodes made small batches faster and large ones slower (0.82-0.91x the
-#   control at B 64-256, ctx 4k-16k);
+#   512- and 256-token nodes made small batches faster and large ones slower than the control
+#   (an H200 probe of 2026-12-02 at B 1..256, ctx 1k..16k);
 # - fp8 D = 256: 8 warps capped at 128 registers and two buffers (the e4m3 -> fp16 conversions
 #   need registers);
 # - fp32 operands: IEEE FMA products hold whole operand tiles in registers: one stage, 8 warps.
@@ -143,8 +144,7 @@ _INTERPRETER_CONFIG = DecodeConfig(64, 4, 1, 1)
 # Plan policy (bit-neutral): coarse once the batch has at least the config's coarse_fill nodes
 # per SM; a coarse plan's programs then walk as many nodes each as keep PROGRAMS_PER_SM programs
 # per SM, a fine plan's as few blocks as keep at most PROGRAMS_PER_SM. Spans divide the request's
-# nodes (coarse) or a node's blocks (fine): a shorter last span leaves its SM idle (H200: 3 nodes
-# per program of 8 ran 0.85x as fast as 2 or 4).
+# nodes (coarse) or a node's blocks (fine): a shorter last span leaves its SM idle.
 PROGRAMS_PER_SM = 2
 
 

@@ -79,6 +79,39 @@ def test_auto_plan_follows_the_batch():
     assert k.decode_plan(1, 1, 256 * 1024, 10_000, cfg).span_blocks <= 16
 
 
+@pytest.mark.parametrize("coarse_fill", [0.5, 1.0])
+def test_auto_spans_divide_the_work_and_keep_two_programs_per_sm(coarse_fill):
+    k = _kernels()
+    cfg = k.DecodeConfig(128, 4, 4, 3, coarse_fill=coarse_fill)  # 512-token nodes
+    sms, slots = 132, k.PROGRAMS_PER_SM * 132
+    rng = random.Random(0)
+    lengths = [1, 127, 128, 511, 512, 513, 1024, 4096, 12345, 16384, 65536] + [
+        rng.randrange(1, 70_000) for _ in range(20)
+    ]
+    for batch, heads, max_len in ((b, h, n) for b in (1, 3, 8, 64, 256) for h in (1, 2, 8) for n in lengths):
+        plan = k.decode_plan(batch, heads, max_len, sms, cfg)
+        pairs, blocks = batch * heads, -(-max_len // cfg.block_n)
+        nodes = -(-blocks // cfg.node_blocks)
+        where = f"batch={batch} heads={heads} max_len={max_len}: {plan}"
+        if plan.unit_blocks == 1:
+            assert pairs * nodes < coarse_fill * sms, where
+            assert cfg.node_blocks % plan.span_blocks == 0, where
+            programs = pairs * -(-blocks // plan.span_blocks)
+            # the fewest blocks per program that keep at most two programs per SM (or a whole node)
+            assert programs <= slots or plan.span_blocks == cfg.node_blocks, where
+            if plan.span_blocks > 1:
+                smaller = max(d for d in range(1, plan.span_blocks) if cfg.node_blocks % d == 0)
+                assert pairs * -(-blocks // smaller) > slots, where
+        else:
+            assert plan.unit_blocks == cfg.node_blocks and pairs * nodes >= coarse_fill * sms, where
+            per = plan.span_blocks // cfg.node_blocks
+            assert nodes % per == 0, where
+            # the most nodes per program that keep two programs per SM (or one node each)
+            assert per == 1 or pairs * nodes // per >= slots, where
+    # Between the two thresholds the same batch is fine under one config and coarse under the other.
+    assert k.decode_plan(8, 8, 1024, sms, cfg).unit_blocks == (1 if coarse_fill == 1.0 else cfg.node_blocks)
+
+
 def test_bad_plan_is_refused(attention_args, device):
     k = _kernels()
     args = attention_args(OP, [(5, 0)], HEADS, device=device)
