@@ -341,7 +341,11 @@ def _decode_reduce_kernel(
         c_o = tl.zeros([BP, BD], tl.float32)
         # Unrolled (GROUP is a constant), so the compiler issues the blocks' loads ahead of their
         # folds: a runtime loop waited for each load in turn, and at one request 16 such waits
-        # were most of the call.
+        # were most of the call. The two compiled variants (GROUP 1 and node_blocks) must merge
+        # nodes with the same arithmetic; one kernel with a runtime group guaranteed it, so the
+        # plan tests and the benchmark's `plans` and invariance rows check it on each GPU (a
+        # masked unroll in one kernel made a coarse plan 1.37x slower at B 256, ctx 1k, D 128: an
+        # H200 probe of 2026-12-02).
         for r in tl.static_range(GROUP):
             u = nodes * GROUP + r
             m_u = u < n_units
