@@ -4,17 +4,17 @@ The backend is three launches after a one-launch chunk plan (gdn_lab.ops.delta_r
 chunk-parallel prepare, the serial state recurrence (one program per sequence, value head and V
 tile), and the chunk-parallel output. This probe times each through the backend's own launch
 functions on the bench's inputs (benchmarks/bench_gdn_prefill.py), the whole backend call beside
-them, and the state kernel at other V tiles, warp counts and pipeline stages: the data for choosing
-the state kernel's fixed tile (it must not follow the batch) and for seeing which launch to speed up
-next.
+them, and the state kernel at other V tiles, warp counts and pipeline stages, and the chunk-parallel launches
+(prepare, output) at other warp counts and stages: the data for choosing each kernel's fixed
+configuration (it must not follow the batch) and for seeing which launch to speed up next.
 
 Usage:
     python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR          # the H200 run (~1 minute)
     python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR --smoke  # tiny shapes (CPU interpreter; see --device)
 
 Writes OUT_DIR/probe_gdn_prefill_kernels.csv: one row per (tokens, sequences, launch) with `us`
-(do_bench median on a GPU, one call on the CPU), and for `state` variants block_v, num_warps,
-num_stages and the status (a tile the GPU cannot run says why); every row carries the environment
+(do_bench median on a GPU, one call on the CPU), and for variants block_v (state), num_warps,
+num_stages and the status (a variant the GPU cannot run says why); every row carries the environment
 fingerprint (`env_*`).
 """
 
@@ -36,6 +36,9 @@ COLUMNS = ["tokens", "batch", "launch", "block_v", "num_warps", "num_stages", "u
 # (block_v, warps, stages); block_v 64 is left out: on the H200 (Triton 3.6) it faults with an illegal
 # memory access, which poisons the CUDA context for every later launch
 VARIANTS = [(8, 4, 3), (16, 4, 3), (32, 4, 3), (32, 8, 3), (32, 4, 2), (8, 8, 3)]
+# (warps, stages) of the chunk-parallel launches; their defaults are 8 warps (tiles of 8192+ fp32
+# elements) and Triton's stages
+PARALLEL_VARIANTS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3)]
 
 
 def launches(args: dict, device: torch.device) -> dict:
@@ -51,9 +54,11 @@ def launches(args: dict, device: torch.device) -> dict:
     gates = [a[x] for x in ("a", "b", "A_log", "dt_bias")]
     return {
         "plan+scratch": lambda: D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE),
-        "prepare": lambda: D.run_prepare_kernel(run, q, k, v, *gates, cu, slots, a["scale"], a["use_qk_l2norm"]),
+        "prepare": lambda **opts: D.run_prepare_kernel(
+            run, q, k, v, *gates, cu, slots, a["scale"], a["use_qk_l2norm"], **opts
+        ),
         "state": lambda **tile: D.run_state_kernel(run, state, slots, cu, hk, **tile),
-        "output": lambda: D.run_output_kernel(run, out, cu, slots, hk),
+        "output": lambda **opts: D.run_output_kernel(run, out, cu, slots, hk, **opts),
         "backend": lambda: get("gdn_prefill", "triton").run(**a),
     }
 
@@ -71,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = Shape(1, 2, 64) if args.smoke else Shape(4, 8, 128)
     cases = [(128, 1), (128, 2)] if args.smoke else [(t, n) for t in (4096, 16384, 65536) for n in (1, 4, 16)]
     variants = VARIANTS[2:3] if args.smoke else VARIANTS
+    parallel = PARALLEL_VARIANTS[:1] if args.smoke else PARALLEL_VARIANTS
     # do_bench's median on a GPU, one synchronised call on the CPU (the bench's own timers)
     time_us = do_bench_us if device.type == "cuda" else (lambda fn: call_once(fn, device)[0])
     rows = []
@@ -79,20 +85,22 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in calls.items():
             fn()  # compile
             rows.append({"tokens": tokens, "batch": batch, "launch": name, "us": time_us(fn), "status": "ok", **env})
-        for bv, warps, stages in variants:
-            tile = {"block_v": bv, "num_warps": warps, "num_stages": stages}
-            row = {"tokens": tokens, "batch": batch, "launch": "state", **tile, **env}
-            state = functools.partial(calls["state"], **tile)
+        first = len(rows)
+        tried = [("state", {"block_v": bv, "num_warps": w, "num_stages": st}) for bv, w, st in variants]
+        tried += [(name, {"num_warps": w, "num_stages": st}) for name in ("prepare", "output") for w, st in parallel]
+        for name, opts in tried:
+            row = {"tokens": tokens, "batch": batch, "launch": name, **opts, **env}
+            fn = functools.partial(calls[name], **opts)
             try:
-                state()
-                row.update(us=time_us(state), status="ok")
-            except Exception as exc:  # a tile this GPU cannot run (shared memory): recorded, the rest go on
+                fn()
+                row.update(us=time_us(fn), status="ok")
+            except Exception as exc:  # a variant this GPU cannot run (shared memory): recorded, the rest go on
                 row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:160]}")
             rows.append(row)
         sync(device)
         print(
             f"T={tokens:6d} N={batch:3d}  "
-            + "  ".join(f"{r['launch']}={r['us']:.0f}us" for r in rows[-len(calls) - len(variants) : -len(variants)]),
+            + "  ".join(f"{r['launch']}={r['us']:.0f}us" for r in rows[first - len(calls) : first]),
             flush=True,
         )
     print(f"wrote {write_csv(rows, COLUMNS + sorted(env), args.out, CSV)}")

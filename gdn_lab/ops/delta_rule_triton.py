@@ -503,17 +503,29 @@ def num_warps_for(*tile_elems: int) -> int:
 STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
 
 
-def run_prepare_kernel(run: ChunkedRun, q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, scale, use_qk_l2norm):
-    """Launch 1, every chunk at once: normalized q and k, gates, w and u into run's scratch."""
+def _launch_options(num_warps: int, num_stages: int | None) -> dict:
+    return {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+
+
+def run_prepare_kernel(
+    run: ChunkedRun,
+    q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, scale, use_qk_l2norm,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+):  # fmt: skip
+    """Launch 1, every chunk at once: normalized q and k, gates, w and u into run's scratch. The
+    launch options are arguments only for the kernel probe (benchmarks/probe_gdn_prefill_kernels.py);
+    the backends use the defaults (`num_warps_for` the tiles, Triton's stages)."""
     HK, K = q.shape[1], q.shape[2]
     HV, V = v.shape[1], v.shape[2]
     s, bt = run.scratch, run.plan.chunk_size
+    warps = num_warps_for(bt * K, bt * V) if num_warps is None else num_warps
     _prepare_kernel[(run.plan.max_chunks, HV)](
         q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
         qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=scale, N=slots.numel(),
         HK=HK, HV=HV, K=K, V=V, BT=bt, L2NORM=use_qk_l2norm, EPS=L2NORM_EPS,
-        SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, num_warps=num_warps_for(bt * K, bt * V),
+        SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, **_launch_options(warps, num_stages),
     )  # fmt: skip
 
 
@@ -533,26 +545,34 @@ def run_state_kernel(
     HV, V, K = state.shape[1:]
     s = run.scratch
     bv = min(V, block_v)
-    stages = {} if num_stages is None else {"num_stages": num_stages}
     _state_kernel[(slots.numel(), HV, V // bv)](
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
         ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs,
-        HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, PREC=run.prec, num_warps=num_warps, **stages,
+        HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, PREC=run.prec,
+        **_launch_options(num_warps, num_stages),
     )  # fmt: skip
 
 
 def run_output_kernel(
-    run: ChunkedRun, out: torch.Tensor, cu_seqlens: torch.Tensor, slots: torch.Tensor, num_k_heads: int
+    run: ChunkedRun,
+    out: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    slots: torch.Tensor,
+    num_k_heads: int,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ):
-    """Launch 3, every chunk at once: out ([T, HV, V]) from run's scratch and chunk states."""
+    """Launch 3, every chunk at once: out ([T, HV, V]) from run's scratch and chunk states. The
+    launch options are for the kernel probe, as `run_prepare_kernel`'s."""
     HV, V = out.shape[1], out.shape[2]
     K = run.scratch.qs.shape[2]
     s = run.scratch
+    warps = num_warps_for(K * V) if num_warps is None else num_warps
     _output_kernel[(run.plan.max_chunks, HV)](
         qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
         HK=num_k_heads, HV=HV, K=K, V=V, BT=run.plan.chunk_size, **grid_args("IO", out.dtype), PREC=run.prec,
-        num_warps=num_warps_for(K * V),
+        **_launch_options(warps, num_stages),
     )  # fmt: skip
 
 
