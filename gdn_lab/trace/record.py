@@ -491,11 +491,16 @@ class _Recorder:
 
     def _enclosing(self) -> tuple[str, int | None]:
         """(enclosing module path, parent entry index) for a call starting now."""
-        parent = self.frames[-1].entry.index if self.frames else None
-        for f in reversed(self.frames):
+        frames = self.frames
+        if not frames:
+            return "", None
+        top = frames[-1].entry
+        if top.kind == MODULE:  # most often: a call in a module's own forward
+            return top.module, top.index
+        for f in reversed(frames):
             if f.kind == MODULE:
-                return f.entry.module, parent
-        return "", parent
+                return f.entry.module, top.index
+        return "", top.index
 
     def _push(self, entry: Entry, kind: str, key: Any) -> None:
         self.frames.append(_Frame(entry, kind, key))
@@ -617,9 +622,6 @@ class _Recorder:
         return out
 
     def _open_function(self, name: str) -> Entry:
-        top = self.frames[-1].entry if self.frames else None
-        if top is not None and top.kind == MODULE:  # most often: a call in a module's own forward
-            return self.trace._open(FUNCTION, f"{top.name}.{name}", name, top.module, top.index, None)
         module, parent = self._enclosing()
         return self.trace._open(FUNCTION, f"{self.label(module)}.{name}", name, module, parent, None)
 

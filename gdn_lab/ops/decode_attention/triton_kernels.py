@@ -184,12 +184,18 @@ def decode_plan(batch: int, num_kv_heads: int, max_len: int, num_sms: int, confi
     slots = PROGRAMS_PER_SM * num_sms
     if pairs * n_nodes >= config.coarse_fill * num_sms:
         most = max(1, pairs * n_nodes // slots)
-        per = max(d for d in range(1, n_nodes + 1) if n_nodes % d == 0 and d <= most)
-        return DecodePlan(config.node_blocks, per * config.node_blocks)
-    least = -(-pairs * n_blocks // slots)
-    nb = config.node_blocks
-    per = min((d for d in range(1, nb + 1) if nb % d == 0 and d >= least), default=nb)
-    return DecodePlan(1, per)
+        return DecodePlan(config.node_blocks, _divisor_from(n_nodes, min(most, n_nodes), -1) * config.node_blocks)
+    least = max(1, -(-pairs * n_blocks // slots))
+    return DecodePlan(1, _divisor_from(config.node_blocks, min(least, config.node_blocks), 1))
+
+
+def _divisor_from(n: int, start: int, step: int) -> int:
+    """The first divisor of n from `start` (in [1, n]) in direction `step`; 1 and n end either walk.
+    It runs on every call: the walk usually stops at once (powers of two), not after n steps."""
+    d = start
+    while n % d:
+        d += step
+    return d
 
 
 def _check_plan(plan: DecodePlan, config: DecodeConfig) -> None:
@@ -344,8 +350,7 @@ def _decode_reduce_kernel(
         # were most of the call. The two compiled variants (GROUP 1 and node_blocks) must merge
         # nodes with the same arithmetic; one kernel with a runtime group guaranteed it, so the
         # plan tests and the benchmark's `plans` and invariance rows check it on each GPU (a
-        # masked unroll in one kernel made a coarse plan 1.37x slower at B 256, ctx 1k, D 128: an
-        # H200 probe of 2026-12-02).
+        # masked unroll in one kernel, tried in an H200 probe, slowed coarse plans at large batches).
         for r in tl.static_range(GROUP):
             u = nodes * GROUP + r
             m_u = u < n_units
