@@ -203,6 +203,7 @@ def index_html(summary: dict[str, Any]) -> str:
             x
             for x in [_link(files.get("html"), "report"), _link(files.get("ipynb"), "notebook" + partial)]
             + [_link(t, Path(t).name) for t in files.get("tables", [])]
+            + [_link(files.get("kernel_log"), "kernel log")]
             if x
         )
         details = []

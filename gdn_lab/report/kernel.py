@@ -11,6 +11,9 @@
     shutdown request, and when that signal lands while ipykernel is still inside a message handler
     (the last cell's reply), the kernel logs "KeyboardInterrupt caught in kernel" after a notebook
     that finished normally;
+  - `logging_to(path)` gives it a file for the kernel process's own stdout and stderr, so
+    ipykernel's messages (e.g. a ZMQ "Socket operation on non-socket" logged at an ordinary
+    shutdown on a loaded machine) go to the notebook's folder, not into the run's log;
   - it keeps a registry of live kernels, so an interrupted run (Ctrl-C) stops its kernels
     (`kill_live_kernels`) instead of leaving them to notice their parent is gone; after that, a
     kernel a parallel run (`--jobs`) was about to start is refused until `allow_kernels()`.
@@ -18,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import weakref
@@ -32,6 +36,7 @@ from traitlets import default
 from gdn_lab.report.io import atomic_write_json
 
 KERNEL_NAME = "python3"
+KERNEL_LOG = "kernel.log"
 ENCRYPTED = zmq.has("curve")
 _live: weakref.WeakSet[SuiteKernelManager] = weakref.WeakSet()
 _stopped = threading.Event()  # set by kill_live_kernels: no new kernel starts until allow_kernels()
@@ -60,13 +65,21 @@ def kernelspec(folder: Path, env: Mapping[str, str]) -> Path:
 class SuiteKernelManager(AsyncKernelManager):
     """papermill's kernel manager for the suite (see the module docstring)."""
 
+    log_path: Path | None = None  # the kernel process's stdout and stderr (`logging_to`); None: inherited
+
     @default("transport_encryption")
     def _encrypted_by_default(self) -> str:
         return "required" if ENCRYPTED else "disabled"
 
     async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
         _refuse_if_stopped()
-        await super().start_kernel(**kw)
+        with contextlib.ExitStack() as stack:
+            if self.log_path is not None:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                log = stack.enter_context(open(self.log_path, "wb"))  # the kernel keeps its own copy
+                kw.setdefault("stdout", log)
+                kw.setdefault("stderr", log)
+            await super().start_kernel(**kw)
         _live.add(self)
         if _stopped.is_set():  # interrupted while this one started
             kill_live_kernels()
@@ -76,6 +89,11 @@ class SuiteKernelManager(AsyncKernelManager):
         if self.shutting_down:  # every cell has run; a SIGINT now can only produce a spurious error log
             return
         await super()._async_interrupt_kernel()
+
+
+def logging_to(path: Path) -> type[SuiteKernelManager]:
+    """`SuiteKernelManager` whose kernel writes its own stdout and stderr to `path` (one per notebook)."""
+    return type(SuiteKernelManager.__name__, (SuiteKernelManager,), {"log_path": path})
 
 
 def _refuse_if_stopped() -> None:

@@ -60,13 +60,13 @@ from gdn_lab.report import presets as presets_mod
 from gdn_lab.report import provenance, quiet
 from gdn_lab.report.html import index_html, notebook_to_html
 from gdn_lab.report.io import HEADLINE_FILE, atomic_write_json, atomic_write_text, read_headline, read_json
-from gdn_lab.report.kernel import KERNEL_NAME, SuiteKernelManager, allow_kernels, kernelspec, kill_live_kernels
+from gdn_lab.report.kernel import KERNEL_LOG, KERNEL_NAME, allow_kernels, kernelspec, kill_live_kernels, logging_to
 from gdn_lab.report.notebook import CONFIG_FILE
 
 NOTEBOOK_DIR = package_data.path("notebooks")
 SUMMARY_FILE = "summary.json"
 # Files a notebook run writes into its out_dir besides its tables: removed before it runs again.
-RUN_FILES = (HEADLINE_FILE, CONFIG_FILE, quiet.WARNINGS_FILE)
+RUN_FILES = (HEADLINE_FILE, CONFIG_FILE, quiet.WARNINGS_FILE, KERNEL_LOG)
 
 
 class RunError(ValueError):
@@ -448,11 +448,13 @@ def _error_text(exc: BaseException) -> str:
 
 def _files(name: str, out: Path, partial: bool = False) -> dict[str, Any]:
     executed, page, tables = out / f"{name}.ipynb", out / f"{name}.html", out / name
+    log = tables / KERNEL_LOG
     return {
         "ipynb": executed.name if executed.exists() else None,
         "html": page.name if page.exists() else None,
         "tables": sorted(f"{name}/{p.name}" for p in tables.glob("*.csv")) if tables.exists() else [],
         "partial": partial,
+        "kernel_log": f"{name}/{KERNEL_LOG}" if log.exists() and log.stat().st_size else None,
     }
 
 
@@ -499,7 +501,7 @@ def run_notebook(
                 kernel_name=KERNEL_NAME,
                 progress_bar=False,
                 cwd=str(out),
-                kernel_manager_class=SuiteKernelManager,
+                kernel_manager_class=logging_to(tables / KERNEL_LOG),
             )
             result.status = "ok"
         except Exception as exc:  # the failure is the result: recorded, the suite goes on

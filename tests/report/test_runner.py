@@ -51,6 +51,23 @@ def test_failing_notebook_does_not_stop_the_others(suite, tmp_path, monkeypatch,
     assert "run/index.html" in names and "run/03_last/numbers.csv" in names
 
 
+def test_the_kernel_process_writes_its_own_output_to_the_notebooks_kernel_log(tmp_path, tiny_config, notebook, capfd):
+    """What ipykernel itself prints (fd 2, outside any cell's capture) goes to <name>/kernel.log,
+    linked from the index, not into the run's log."""
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    notebook.write(nbs / "01_first.ipynb", "import os\nos.write(2, b'said by the kernel process\\n')", notebook.ok)
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text("parameters:\n  device: cpu\n  value: 2\n")
+    out = tmp_path / "run"
+    summary = run_suite(str(preset), out=out, notebook_dir=nbs)
+    assert [nb.status for nb in summary.this_run()] == ["ok"]
+    assert "said by the kernel process" not in capfd.readouterr().err
+    assert "said by the kernel process" in (out / "01_first" / "kernel.log").read_text()
+    assert summary.this_run()[0].files["kernel_log"] == "01_first/kernel.log"
+    assert 'href="01_first/kernel.log">kernel log</a>' in (out / "index.html").read_text()
+
+
 def test_parameters_injected_are_exactly_the_ones_that_ran(suite, tmp_path, monkeypatch):
     """The executed notebook's injected cell and papermill metadata hold the values the Config got."""
     nbs, preset = suite
