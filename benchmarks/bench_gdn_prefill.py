@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import sys
 import time
@@ -113,18 +114,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- inputs ------------------------------------------------------------------------------------
 
 
-def _sequences(lengths: list[int], seed: int, device, make: Callable[[torch.Generator, int], list[torch.Tensor]]):
-    """Per-sequence tensors from per-sequence seeds (seed + index), drawn on `device`, concatenated field by field.
+def _sequences(
+    lengths: list[int], seeds: list[int], device, make: Callable[[torch.Generator, int], list[torch.Tensor]]
+):
+    """Per-sequence tensors from per-sequence seeds, drawn on `device`, concatenated field by field.
 
-    A sequence's content depends only on its seed and length, so a target placed first in a batch is
-    the same request as the target alone.
+    A sequence's content depends only on its seed and length, so a target given its seed anywhere in
+    a batch is the same request as the target alone.
     """
-    per = [make(torch.Generator(device).manual_seed(seed + i), n) for i, n in enumerate(lengths)]
+    per = [make(torch.Generator(device).manual_seed(sd), n) for sd, n in zip(seeds, lengths, strict=True)]
     return [torch.cat([p[f] for p in per]) for f in range(len(per[0]))]
 
 
-def layer_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torch.bfloat16) -> dict[str, Any]:
-    """Validated gdn_layer_prefill arguments: slots 0..N-1, initial states on, fp8 on (the device's format)."""
+def decay_gates(hv: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A_log, dt_bias) [hv] float32: A from 0.01 to 16 in geometric steps over the heads (the range
+    of HF Qwen3-Next's U(0.01, 16) init, spread so that every batch has heads of long memory: about
+    1 % decay per token at A 0.01), dt_bias 1 (HF's init). Random A_log of mean 0 forgot the state
+    within a chunk in every head, which made the state entering a chunk invisible in the bits."""
+    A = torch.logspace(math.log10(0.01), math.log10(16.0), hv, dtype=torch.float64)
+    return A.log().float().to(device), torch.ones(hv, device=device)
+
+
+def layer_inputs(
+    lengths: list[int], shape: Shape, device, seed: int, dtype=torch.bfloat16, seeds: list[int] | None = None
+) -> dict[str, Any]:
+    """Validated gdn_layer_prefill arguments: slots 0..N-1, initial states on, fp8 on (the device's
+    format); sequence i drawn from seeds[i] (default seed + i), the weights from seed - 1."""
     from gdn_lab.device import detect
     from gdn_lab.ops.gdn_layer_prefill import validate
 
@@ -139,7 +154,8 @@ def layer_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torc
             0.1 * torch.randn(1, hv, d, d, generator=g, device=device),
         ]
 
-    qkvz, ba, conv_state, delta_state = _sequences(lengths, seed, device, sequence)
+    seeds = seeds or [seed + i for i in range(n)]
+    qkvz, ba, conv_state, delta_state = _sequences(lengths, seeds, device, sequence)
     g = torch.Generator().manual_seed(seed - 1)  # the layer's weights, shared by every sequence
 
     def weight(*size, scale=1.0, dt=dtype):
@@ -149,13 +165,16 @@ def layer_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torc
     return validate(
         qkvz, ba, conv_state, delta_state, torch.arange(n, dtype=torch.int32, device=device), cu,
         torch.ones(n, dtype=torch.bool, device=device), weight(conv_dim, w, scale=0.5), weight(conv_dim, scale=0.1),
-        weight(hv, dt=torch.float32), weight(hv, dt=torch.float32), weight(d, scale=0.1) + 1.0,
+        *decay_gates(hv, device), weight(d, scale=0.1) + 1.0,
         num_k_heads=hk, num_v_heads=hv, head_dim=d, quantize_fp8=True, fp8_dtype=detect(device).fp8_dtype,
     )  # fmt: skip
 
 
-def prefill_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=torch.bfloat16) -> dict[str, Any]:
-    """Validated gdn_prefill arguments: raw gates, slots 0..N-1 of a pool of random states."""
+def prefill_inputs(
+    lengths: list[int], shape: Shape, device, seed: int, dtype=torch.bfloat16, seeds: list[int] | None = None
+) -> dict[str, Any]:
+    """Validated gdn_prefill arguments: raw gates, slots 0..N-1 of a pool of random states; seeds as
+    `layer_inputs`'."""
     from gdn_lab.ops.gdn_prefill import validate
 
     hk, hv, d = shape.hk, shape.hv, shape.d
@@ -167,9 +186,9 @@ def prefill_inputs(lengths: list[int], shape: Shape, device, seed: int, dtype=to
             0.1 * torch.randn(1, hv, d, d, generator=g, device=device),
         ]
 
-    q, k, v, a, b, state = _sequences(lengths, seed, device, sequence)
-    g = torch.Generator().manual_seed(seed - 1)
-    A_log, dt_bias = (torch.randn(hv, generator=g).to(device) for _ in range(2))
+    seeds = seeds or [seed + i for i in range(len(lengths))]
+    q, k, v, a, b, state = _sequences(lengths, seeds, device, sequence)
+    A_log, dt_bias = decay_gates(hv, device)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     slots = torch.arange(len(lengths), dtype=torch.int32, device=device)
     return validate(q, k, v, a, b, A_log, dt_bias, cu, state, slots)
@@ -405,20 +424,28 @@ class Bench:
             gaps = dict.fromkeys(gaps, float("nan"))
         return {**result, "us": us, "timing": timing, **gaps}
 
-    def invariance(self, op: str, target: int, mates: list[int]) -> None:
-        """One target alone vs first in a batch with `mates`: bitwise, for ours and the control."""
+    def invariance(self, op: str, target: int, mates: list[int], position: int) -> None:
+        """One target alone vs at `position` among `mates`: bitwise, for ours and the controls."""
+        from gdn_lab.ops.delta_rule import CHUNK_SIZE
         from gdn_lab.routing import get
 
         make = layer_inputs if op == LAYER else prefill_inputs
         names = ("triton-fused", "triton-fused-tiles-by-batch") if op == LAYER else ("triton", "triton-chunk-by-batch")
-        alone = make([target], self.args.shape, self.device, self.args.seed)
-        batched = make([target, *mates], self.args.shape, self.device, self.args.seed)  # the same target, first
-        for name in names:
-            common = {"kind": "invariance", "op": op, "impl": name, "tokens": target + sum(mates)}
-            common.update(batch=1 + len(mates), seq_len=target)
+        runs = {name: get(op, name).run for name in names}
+        if op == PREFILL and target > CHUNK_SIZE:  # a one-chunk target has one segment in any batch
+            runs[SEGMENTS_BY_BATCH] = segments_by_batch
+        lengths = [*mates[:position], target, *mates[position:]]
+        seeds = [self.args.seed + 1 + i for i in range(len(lengths))]
+        seeds[position] = self.args.seed  # the target's own seed, alone and batched
+        alone = make([target], self.args.shape, self.device, self.args.seed, seeds=[self.args.seed])
+        batched = make(lengths, self.args.shape, self.device, self.args.seed, seeds=seeds)
+        for name, run in runs.items():
+            common = {"kind": "invariance", "op": op, "impl": name, "tokens": sum(lengths)}
+            common.update(batch=len(lengths), seq_len=target)
             note = "control: must differ" if "by-batch" in name else "must be equal"
+            note += f"; target at {position}, batchmates {min(mates)}-{max(mates)} tokens"
             try:
-                results = self.target_comparisons(get(op, name).run, op, alone, batched, target)
+                results = self.target_comparisons(run, op, alone, batched, sum(lengths[:position]), target, position)
             except Exception as exc:  # recorded, so that the timings already measured are written
                 self.row(**common, note=f"{note}; error: {type(exc).__name__}: {exc}")
                 continue
@@ -428,19 +455,50 @@ class Bench:
             )  # fmt: skip
 
     @staticmethod
-    def target_comparisons(run, op: str, alone: dict, batched: dict, target: int) -> list[dict]:
-        """compare() of every output's target rows and of the target's state slots, alone vs batched."""
+    def target_comparisons(run, op: str, alone: dict, batched: dict, start: int, target: int, slot: int) -> list[dict]:
+        """compare() of every output's target rows (from `start`) and of the target's state slots, alone vs batched."""
         from gdn_lab.experiments.compare import compare
 
         a, b = fresh(alone), fresh(batched)
         outs_a, outs_b = run(**a), run(**b)
         pairs = list(zip(outs_a, outs_b)) if op == LAYER else [(outs_a, outs_b)]
-        pairs = [(x, y[:target]) for x, y in pairs]  # the target's rows
-        pairs += [(a[key][0], b[key][0]) for key in ("state", "delta_state", "conv_state") if key in a]
+        pairs = [(x, y[start : start + target]) for x, y in pairs]  # the target's rows
+        pairs += [(a[key][0], b[key][slot]) for key in ("state", "delta_state", "conv_state") if key in a]
         return [compare(x, y) for x, y in pairs]
 
     def write(self) -> Path:
         return write_csv(self.rows, COLUMNS + sorted(self.env), self.args.out, CSV_NAME)
+
+
+SEGMENTS_BY_BATCH = "triton-segments-by-batch"
+
+
+def segments_by_batch(**args) -> torch.Tensor:
+    """CONTROL (bench-local): gdn_prefill's chunked kernels with the state recurrence's segments sized
+    by the batch, one chunk per sequence of the batch (fewer, longer segments where the batch
+    already fills the GPU); a target longer than a chunk gets other segments alone than batched,
+    so its bits follow the batch."""
+    from gdn_lab.ops.delta_rule_triton import gdn_prefill_chunked
+
+    return gdn_prefill_chunked(**args, segment_chunks=args["slots"].numel())
+
+
+def invariance_cases(args: argparse.Namespace) -> list[tuple[int, list[int], int]]:
+    """(target tokens, batchmates' tokens, the target's position): a short target among 15 short
+    mates, first (the controls chunk by 64 alone and by 32 in it: 16 sequences, <= 3071 tokens), and
+    a target of three segments of the state recurrence (SEGMENT_CHUNKS chunks) at a random position
+    among 7 mates of random lengths, from 1 token to past the target."""
+    from gdn_lab.ops.delta_rule import CHUNK_SIZE
+    from gdn_lab.ops.delta_rule_triton import SEGMENT_CHUNKS
+
+    g = torch.Generator().manual_seed(args.seed)
+    if args.smoke:
+        return [(40, [7, 30, 3, 12], 0), (150, [1, 200, 64, 9], int(torch.randint(0, 5, (1,), generator=g)))]
+    segment = CHUNK_SIZE * SEGMENT_CHUNKS
+    target = 2 * segment + 808
+    mates = [1, 2 * target, *torch.randint(2, 2 * target, (5,), generator=g).tolist()]
+    mates = [mates[i] for i in torch.randperm(len(mates), generator=g).tolist()]
+    return [(1000, [100] * 15, 0), (target, mates, int(torch.randint(0, len(mates) + 1, (1,), generator=g)))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,10 +515,9 @@ def main(argv: list[str] | None = None) -> int:
                     + "  ".join(f"{x['impl']}={x.get('us') or float('nan'):.0f}us" for x in r if x["kind"] == "timing"),
                     flush=True,
                 )
-    # the controls chunk by 64 alone and by 32 in these batches (5 sequences; 16 sequences, <= 3071 tokens)
-    target, mates = (40, [7, 30, 3, 12]) if args.smoke else (1000, [100] * 15)
     for op in (LAYER, PREFILL):
-        bench.invariance(op, target, mates)
+        for target, mates, position in invariance_cases(args):
+            bench.invariance(op, target, mates, position)
     for r in bench.rows:
         if r["kind"] == "invariance":
             print(f"invariance {r['op']:18s} {r['impl']:28s} bitwise_equal={r['bitwise_equal']}  ({r['note']})")

@@ -1,12 +1,14 @@
-"""Where gdn_prefill's `triton` backend spends its time: each of its launches alone, and state-kernel tiles.
+"""Where gdn_prefill's `triton` backend spends its time: each of its launches alone, and their options.
 
-The backend is three launches after a one-launch chunk plan (gdn_lab.ops.delta_rule_triton): the
-chunk-parallel prepare, the serial state recurrence (one program per sequence, value head and V
-tile), and the chunk-parallel output. This probe times each through the backend's own launch
-functions on the bench's inputs (benchmarks/bench_gdn_prefill.py), the whole backend call beside
-them, and the state kernel at other V tiles, warp counts and pipeline stages, and the chunk-parallel launches
-(prepare, output) at other warp counts and stages: the data for choosing each kernel's fixed
-configuration (it must not follow the batch) and for seeing which launch to speed up next.
+The backend (gdn_lab.ops.delta_rule_triton) is a chunk plan and a segment plan, the chunk-parallel
+prepare, the state recurrence (segment-parallel: one launch builds the maps of segments of
+SEGMENT_CHUNKS chunks, one runs the segments from their entering states; a sequence of one segment
+takes the second alone), and the chunk-parallel output. This probe times each through the
+backend's own launch functions on the bench's inputs (benchmarks/bench_gdn_prefill.py), the whole
+backend call beside them, the state recurrence at other segment lengths (`serial`: one segment per
+sequence), V tiles, warp counts and pipeline stages, and the chunk-parallel launches (prepare,
+output) at other warp counts and stages: the data for choosing each kernel's fixed configuration
+(it must not follow the batch) and for seeing which launch to speed up next.
 
 Usage:
     python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR          # the H200 run (~1 minute)
@@ -14,14 +16,14 @@ Usage:
 
 Writes OUT_DIR/probe_gdn_prefill_kernels.csv: one row per (tokens, sequences, launch) with `us`
 (do_bench median on a GPU, one call on the CPU), and for variants block_v (state), num_warps,
-num_stages and the status (a variant the GPU cannot run says why); every row carries the environment
+num_stages, segment_chunks (state) and the status (a variant the GPU cannot run says why); every row carries the environment
 fingerprint (`env_*`).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -32,34 +34,58 @@ from bench_common import add_device_option, bench_device, sync, write_csv  # noq
 from bench_gdn_prefill import Shape, call_once, do_bench_us, fresh, prefill_inputs  # noqa: E402
 
 CSV = "probe_gdn_prefill_kernels.csv"
-COLUMNS = ["tokens", "batch", "launch", "block_v", "num_warps", "num_stages", "us", "status", "reason"]
+COLUMNS = [
+    "tokens",
+    "batch",
+    "launch",
+    "segment_chunks",
+    "block_v",
+    "num_warps",
+    "num_stages",
+    "us",
+    "status",
+    "reason",
+]
 # (block_v, warps, stages); block_v 64 is left out: on the H200 (Triton 3.6) it faults with an illegal
 # memory access, which poisons the CUDA context for every later launch
 VARIANTS = [(8, 4, 3), (16, 4, 3), (32, 4, 3), (32, 8, 3), (32, 4, 2), (8, 8, 3)]
+SEGMENT_VARIANTS = [8, 16, 32, 64, 128, "serial"]  # chunks per segment of the state recurrence
 # (warps, stages) of the chunk-parallel launches; their defaults are 8 warps (tiles of 8192+ fp32
 # elements) and Triton's stages
 PARALLEL_VARIANTS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3)]
 
 
 def launches(args: dict, device: torch.device) -> dict:
-    """name -> a call of each launch on fresh state (the plan and scratch built once for the others)."""
+    """name -> make(**options): a call of that launch with those options, on fresh state (the plan
+    and scratch built once for every launch; a state variant's own segment plan and maps at make)."""
     from gdn_lab.ops import delta_rule_triton as D
     from gdn_lab.routing import get
 
     a = fresh(args)
-    q, k, v, cu, slots, state = a["q"], a["k"], a["v"], a["cu_seqlens"], a["slots"], a["state"]
+    q, k, v, cu, slots = a["q"], a["k"], a["v"], a["cu_seqlens"], a["slots"]
     hk, kdim = q.shape[1], q.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=device)
     run = D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE)
     gates = [a[x] for x in ("a", "b", "A_log", "dt_bias")]
+
+    def state_launches(segment_chunks=D.SEGMENT_CHUNKS, **tile):
+        if segment_chunks == "serial":
+            segment_chunks = q.shape[0] // D.CHUNK_SIZE + slots.numel()  # >= every sequence's chunks
+        seg = D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE, segment_chunks)
+        mine = dataclasses.replace(
+            run, segments=seg.segments, segment_chunks=segment_chunks,
+            scratch=dataclasses.replace(run.scratch, trans=seg.scratch.trans),
+        )  # fmt: skip
+        return lambda: D.run_state_kernel(mine, a["state"], slots, cu, hk, **tile)
+
     return {
-        "plan+scratch": lambda: D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE),
-        "prepare": lambda **opts: D.run_prepare_kernel(
-            run, q, k, v, *gates, cu, slots, a["scale"], a["use_qk_l2norm"], **opts
+        "plan+scratch": lambda: lambda: D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE),
+        "prepare": lambda **opts: (
+            lambda: D.run_prepare_kernel(run, q, k, v, *gates, cu, slots, a["scale"], a["use_qk_l2norm"], **opts)
         ),
-        "state": lambda **tile: D.run_state_kernel(run, state, slots, cu, hk, **tile),
-        "output": lambda **opts: D.run_output_kernel(run, out, cu, slots, hk, **opts),
-        "backend": lambda: get("gdn_prefill", "triton").run(**a),
+        "state": state_launches,
+        "output": lambda **opts: lambda: D.run_output_kernel(run, out, cu, slots, hk, **opts),
+        "backend": lambda: lambda: get("gdn_prefill", "triton").run(**a),
     }
 
 
@@ -77,21 +103,24 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(128, 1), (128, 2)] if args.smoke else [(t, n) for t in (4096, 16384, 65536) for n in (1, 4, 16)]
     variants = VARIANTS[2:3] if args.smoke else VARIANTS
     parallel = PARALLEL_VARIANTS[:1] if args.smoke else PARALLEL_VARIANTS
+    segments = [1, "serial"] if args.smoke else SEGMENT_VARIANTS
     # do_bench's median on a GPU, one synchronised call on the CPU (the bench's own timers)
     time_us = do_bench_us if device.type == "cuda" else (lambda fn: call_once(fn, device)[0])
     rows = []
     for tokens, batch in cases:
         calls = launches(prefill_inputs([tokens // batch] * batch, shape, device, seed=0), device)
-        for name, fn in calls.items():
+        for name, make in calls.items():
+            fn = make()
             fn()  # compile
             rows.append({"tokens": tokens, "batch": batch, "launch": name, "us": time_us(fn), "status": "ok", **env})
         first = len(rows)
         tried = [("state", {"block_v": bv, "num_warps": w, "num_stages": st}) for bv, w, st in variants]
+        tried += [("state", {"segment_chunks": seg}) for seg in segments]
         tried += [(name, {"num_warps": w, "num_stages": st}) for name in ("prepare", "output") for w, st in parallel]
         for name, opts in tried:
             row = {"tokens": tokens, "batch": batch, "launch": name, **opts, **env}
-            fn = functools.partial(calls[name], **opts)
             try:
+                fn = calls[name](**opts)
                 fn()
                 row.update(us=time_us(fn), status="ok")
             except Exception as exc:  # a variant this GPU cannot run (shared memory): recorded, the rest go on

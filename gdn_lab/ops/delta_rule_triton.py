@@ -293,56 +293,102 @@ def _prepare_kernel(
     store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, HV, V, PREC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
 def _state_kernel(
     state,
     slots,
     cu_seqlens,
     chunk_cu,
+    seg_cu,
+    seg_seq,
     ks,
     ws,
     us,
     gs,
     hs,
+    trans,
+    N,
     HK: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
     BT: tl.constexpr,
+    SEG: tl.constexpr,
+    TRANSFER: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    slot = tl.load(slots + i_n)
+    """One program per (segment of SEG chunks, value head, column tile); see `run_state_kernel`.
+
+    Per chunk, with w, u and k of the chunk, S <- A S + B for A = exp(g_last) I - kd^T w and
+    B = kd^T u (kd = k exp(g_last - G)): v_new = u - w S, S <- exp(g_last) S + kd^T v_new.
+    TRANSFER: the segment's affine map (M, D) = (A_m ... A_1, the state it makes of zero), by the
+    same step on the augmented columns [S | X], S from 0 with u, X from I with u = 0; stored as
+    trans[segment] = [D | M] ([K, V + K]). Otherwise: the state entering the segment (the
+    sequence's initial state through the maps of the segments before it), then the chunks with
+    their entering states (hs) and v_new (in place of u) stored, and the final state into the pool.
+    """
+    i_s, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n = tl.load(seg_seq + i_s)
+    if n >= N:  # past the last segment (the grid is an upper bound)
+        return
+    slot = tl.load(slots + n)
     if slot < 0:
         return
     R: tl.constexpr = HV // HK
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    c0 = tl.load(chunk_cu + i_n).to(tl.int64)
-    n_chunks = tl.load(chunk_cu + i_n + 1).to(tl.int64) - c0
+    W: tl.constexpr = V + K  # the augmented columns
+    bos = tl.load(cu_seqlens + n).to(tl.int64)
+    eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
+    c0 = tl.load(chunk_cu + n).to(tl.int64)
+    n_chunks = tl.load(chunk_cu + n + 1).to(tl.int64) - c0
+    s0 = tl.load(seg_cu + n).to(tl.int64)
+    n_segs = tl.load(seg_cu + n + 1).to(tl.int64) - s0
+    s = i_s - s0
     o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
     o_t = tl.arange(0, BT)
-    # S as [K, BV]: the transpose of the pool's [V, K] rows this program owns
-    p_state = state + (slot.to(tl.int64) * HV + i_h) * (V * K) + o_v[None, :] * K + o_k[:, None]
-    b_S = tl.load(p_state)
-    for j in range(n_chunks):
+    o_c = i_v * BV + tl.arange(0, BV)  # the columns this program owns (of S, or of [S | X])
+    # the pool's [V, K] rows as [K, BV]; with several segments the last one overwrites them while
+    # the others start, so those read the copy the TRANSFER launch put in the last segment's slot
+    p_pool = state + (slot.to(tl.int64) * HV + i_h) * (V * K) + o_c[None, :] * K + o_k[:, None]
+    p_copy = trans + ((s0 + n_segs - 1) * HV + i_h) * (K * W) + o_k[:, None] * W + o_c[None, :]
+    is_v = o_c < V
+    if TRANSFER:
+        if s == n_segs - 1:  # the last segment's map is never used; its slot holds the copy
+            return
+        if s == 0:
+            tl.store(p_copy, tl.load(p_pool, mask=is_v[None, :]), mask=is_v[None, :])
+        b_S = tl.where(o_k[:, None] == o_c[None, :] - V, 1.0, 0.0)  # 0 on S's columns, I on X's
+    else:
+        if n_segs > 1:  # noqa: SIM108 (a runtime condition: Triton takes an if block, not a ternary)
+            b_S = tl.load(p_copy)
+        else:
+            b_S = tl.load(p_pool)
+        for i in range(s):  # through the maps of the segments before this one, in order
+            p_map = trans + ((s0 + i) * HV + i_h) * (K * W) + o_k[:, None] * W
+            b_M = tl.load(p_map + V + o_k[None, :])
+            b_S = tl.dot(b_M, b_S, input_precision=PREC) + tl.load(p_map + o_c[None, :])
+    for j in range(s * SEG, tl.minimum(s * SEG + SEG, n_chunks)):
         rows = bos + j * BT + o_t
         m_t = rows < eos
-        p_hs = hs + ((c0 + j) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
-        tl.store(p_hs, b_S)  # the state entering chunk j, for the output kernel
+        if not TRANSFER:
+            p_hs = hs + ((c0 + j) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :]
+            tl.store(p_hs, b_S)  # the state entering chunk j, for the output kernel
         b_w = tl.load(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], mask=m_t[:, None], other=0.0)
-        p_u = us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :]
-        b_vn = tl.load(p_u, mask=m_t[:, None], other=0.0) - tl.dot(b_w, b_S, input_precision=PREC)
-        tl.store(p_u, b_vn, mask=m_t[:, None])  # u becomes v_new in place
+        p_u = us + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
+        m_u = m_t[:, None] & is_v[None, :]  # X's columns take u = 0
+        b_vn = tl.load(p_u, mask=m_u, other=0.0) - tl.dot(b_w, b_S, input_precision=PREC)
+        if not TRANSFER:
+            tl.store(p_u, b_vn, mask=m_u)  # u becomes v_new in place
         last = tl.minimum(bos + j * BT + BT, eos) - 1
         g_last = tl.load(gs + last * HV + i_h)
         b_G = tl.load(gs + rows * HV + i_h, mask=m_t, other=0.0)
         b_k = tl.load(ks + rows[:, None] * (HK * K) + (i_h // R) * K + o_k[None, :], mask=m_t[:, None], other=0.0)
         b_kd = b_k * tl.exp(g_last - b_G)[:, None]
         b_S = b_S * tl.exp(g_last) + tl.dot(tl.trans(b_kd), b_vn, input_precision=PREC)
-    tl.store(p_state, b_S)
+    if TRANSFER:
+        tl.store(trans + ((s0 + s) * HV + i_h) * (K * W) + o_k[:, None] * W + o_c[None, :], b_S)
+    elif s == n_segs - 1:
+        tl.store(p_pool, b_S)
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
@@ -382,6 +428,9 @@ def _output_kernel(
 
 
 # --- host --------------------------------------------------------------------------------------
+
+STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
+SEGMENT_CHUNKS = 64  # chunks per segment of the state recurrence: fixed, never per batch
 
 
 @dataclass(frozen=True)
@@ -444,12 +493,14 @@ def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, chunk_size: int) ->
 
 @dataclass(frozen=True)
 class Scratch:
-    """float32 intermediates between the three launches (token-major, so chunks need no padding).
+    """float32 intermediates between the launches (token-major, so chunks need no padding).
 
     Attributes:
         qs, ks: [T, HK, K] normalized q (scaled) and k.
         ws: [T, HV, K]; us: [T, HV, V] (u, then v_new in place); gs: [T, HV] cumulative log decay.
         hs: [max_chunks, HV, K, V] the state entering each chunk.
+        trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`); one
+            element when no sequence of the call can span two segments.
     """
 
     qs: torch.Tensor
@@ -458,30 +509,43 @@ class Scratch:
     us: torch.Tensor
     gs: torch.Tensor
     hs: torch.Tensor
+    trans: torch.Tensor
 
 
 @dataclass(frozen=True)
 class ChunkedRun:
-    """What the three launches of one call share.
+    """What the launches of one call share.
 
     Attributes:
         plan: the chunks of the call's sequences.
+        segments: the call's segments of `segment_chunks` chunks (a ChunkPlan whose chunk_size is
+            the segment's tokens), the units of the state recurrence's parallel launches.
+        segment_chunks: chunks per segment.
         scratch: the float32 intermediates.
         prec: the tl.dot input_precision of every dot ("ieee" or "tf32").
     """
 
     plan: ChunkPlan
+    segments: ChunkPlan
+    segment_chunks: int
     scratch: Scratch
     prec: str
 
 
 def chunked_run(
-    cu_seqlens: torch.Tensor, out: torch.Tensor, num_k_heads: int, head_k_dim: int, chunk_size: int
+    cu_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    num_k_heads: int,
+    head_k_dim: int,
+    chunk_size: int,
+    segment_chunks: int = SEGMENT_CHUNKS,
 ) -> ChunkedRun:
-    """The plan, scratch and dot precision of a call writing `out` ([T, HV, V] in the input dtype)."""
+    """The plans, scratch and dot precision of a call writing `out` ([T, HV, V] in the input dtype)."""
     T, HV, V = out.shape
     HK, K, device = num_k_heads, head_k_dim, out.device
     plan = plan_chunks(cu_seqlens, T, chunk_size)
+    segments = plan_chunks(cu_seqlens, T, chunk_size * segment_chunks)
+    spans = chunk_size * segment_chunks < T  # some sequence may span two segments
     f32 = {"dtype": torch.float32, "device": device}
     scratch = Scratch(
         torch.empty(T, HK, K, **f32),
@@ -490,17 +554,20 @@ def chunked_run(
         torch.empty(T, HV, V, **f32),
         torch.empty(T, HV, **f32),
         torch.empty(plan.max_chunks, HV, K, V, **f32),
+        torch.empty((segments.max_chunks, HV, K, V + K) if spans else (1,), **f32),
     )
     prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device).input_precision
-    return ChunkedRun(plan, scratch, prec)
+    return ChunkedRun(plan, segments, segment_chunks, scratch, prec)
 
 
-def num_warps_for(*tile_elems: int) -> int:
-    """A fixed warp count per shape (never per batch): 8 once a tile has 8192+ fp32 elements."""
-    return 8 if max(tile_elems) >= 8192 else 4
+def num_warps_for(*tile_elems: int, at: int = 8192) -> int:
+    """A fixed warp count per shape (never per batch): 8 once a tile has `at`+ fp32 elements."""
+    return 8 if max(tile_elems) >= at else 4
 
 
-STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
+# the prepare kernel's tiles of 64 x 128 took 0.66x the time at 4 warps as at 8 on the H200, at
+# every size and stage count (probe_gdn_prefill_kernels.csv of 76a8564); 8 only past that
+PREPARE_WARPS_AT = 16384
 
 
 def _launch_options(num_warps: int, num_stages: int | None) -> dict:
@@ -519,7 +586,7 @@ def run_prepare_kernel(
     HK, K = q.shape[1], q.shape[2]
     HV, V = v.shape[1], v.shape[2]
     s, bt = run.scratch, run.plan.chunk_size
-    warps = num_warps_for(bt * K, bt * V) if num_warps is None else num_warps
+    warps = num_warps_for(bt * K, bt * V, at=PREPARE_WARPS_AT) if num_warps is None else num_warps
     _prepare_kernel[(run.plan.max_chunks, HV)](
         q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
@@ -539,18 +606,37 @@ def run_state_kernel(
     num_warps: int = 4,
     num_stages: int | None = None,
 ):
-    """Launch 2, the state recurrence: reads and writes state[slots] ([num_slots, HV, V, K] float32,
-    contiguous). The tile and launch options are arguments only for the kernel probe
-    (benchmarks/probe_gdn_prefill_kernels.py); the backends use the defaults."""
+    """The state recurrence, segment-parallel: reads and writes state[slots] ([num_slots, HV, V, K]
+    float32, contiguous).
+
+    The recurrence over a sequence's chunks is affine in the state (S <- A_j S + B_j), so, as in
+    the parallel scans of linear recurrences (Blelloch, "Prefix sums and their applications",
+    1990; Martin & Cundy, "Parallelizing linear recurrent neural nets over sequence length",
+    ICLR 2018), a segment of chunks is one affine map that can be built before its entering state
+    is known. Where a sequence spans several segments of `run.segment_chunks` chunks, a first
+    launch builds every segment's map (M, D) at once, all but the last, by the chunk step itself
+    on [K, V + K] columns, and a second one runs each segment from its entering state, S_0
+    through the maps before it, all segments at once. The delta rule's A_j = exp(g) I - kd^T w
+    is a full [K, K], so M costs K more columns; the columns are independent, which makes the
+    tiles free. A sequence of one segment runs the serial recurrence alone. Segments start at
+    each sequence's first chunk and have a fixed length, so the bits depend on the request only.
+
+    The tile and launch options are arguments only for the kernel probe
+    (benchmarks/probe_gdn_prefill_kernels.py); the backends use the defaults.
+    """
     HV, V, K = state.shape[1:]
     s = run.scratch
-    bv = min(V, block_v)
-    _state_kernel[(slots.numel(), HV, V // bv)](
+    bv = min(V, K, block_v)
+    segs = run.segments
+    args = dict(
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
-        ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs,
-        HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, PREC=run.prec,
-        **_launch_options(num_warps, num_stages),
+        seg_cu=segs.chunk_cu, seg_seq=segs.chunk_seq, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs,
+        trans=s.trans, N=slots.numel(), HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size,
+        SEG=run.segment_chunks, PREC=run.prec, **_launch_options(num_warps, num_stages),
     )  # fmt: skip
+    if s.trans.dim() > 1:  # chunked_run's scratch says whether some sequence can span two segments
+        _state_kernel[(segs.max_chunks, HV, (V + K) // bv)](**args, TRANSFER=True)
+    _state_kernel[(segs.max_chunks, HV, V // bv)](**args, TRANSFER=False)
 
 
 def run_output_kernel(
@@ -577,16 +663,19 @@ def run_output_kernel(
 
 
 def gdn_prefill_chunked(
-    q, k, v, a, b, A_log, dt_bias, cu_seqlens, state, slots, scale, use_qk_l2norm, chunk_size: int = CHUNK_SIZE
-) -> torch.Tensor:
+    q, k, v, a, b, A_log, dt_bias, cu_seqlens, state, slots, scale, use_qk_l2norm,
+    chunk_size: int = CHUNK_SIZE,
+    segment_chunks: int = SEGMENT_CHUNKS,
+) -> torch.Tensor:  # fmt: skip
     """gdn_prefill with the chunked kernels (arguments as gdn_prefill's validate()); returns [T, HV, V].
 
-    state ([num_slots, HV, V, K] float32, contiguous) is updated in place at `slots`.
+    state ([num_slots, HV, V, K] float32, contiguous) is updated in place at `slots`. The backends
+    use the default chunk and segment sizes; the tests shrink the segment to reach it on tiny shapes.
     """
     q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     HK, K = q.shape[1], q.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    run = chunked_run(cu_seqlens, out, HK, K, chunk_size)
+    run = chunked_run(cu_seqlens, out, HK, K, chunk_size, segment_chunks)
     run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, scale, use_qk_l2norm)
     run_state_kernel(run, state, slots, cu_seqlens, HK)
     run_output_kernel(run, out, cu_seqlens, slots, HK)

@@ -1,4 +1,4 @@
-"""benchmarks/probe_gdn_prefill_kernels.py --smoke: every launch of the backend, a state tile and a launch option of the parallel launches are timed."""
+"""benchmarks/probe_gdn_prefill_kernels.py --smoke: every launch of the backend, a state tile, segment lengths (one chunk each, and serial) and a launch option of the parallel launches are timed."""
 
 import csv
 
@@ -12,3 +12,4 @@ def test_smoke(tmp_path, run_smoke):
     assert all(r["status"] == "ok" and float(r["us"]) > 0 for r in rows) and rows[0]["env_torch"]
     assert any(r["block_v"] for r in rows if r["launch"] == "state")
     assert {r["launch"] for r in rows if r["num_warps"] and not r["block_v"]} == {"prepare", "output"}
+    assert {r["segment_chunks"] for r in rows if r["launch"] == "state"} >= {"1", "serial"}

@@ -127,6 +127,58 @@ def test_control_varies_with_the_batch(device):
     assert rel_mae(out, alone_out) <= 1e-2 and rel_mae(state, alone_state) <= 1e-2
 
 
+SEGMENTED = {"chunk_size": 16, "segment_chunks": 2}  # 32-token segments: the parallel recurrence on tiny shapes
+
+
+def chunked(args: dict, **sizes):
+    """(output, state pool after) of gdn_prefill_chunked on private copies, at the given chunk/segment sizes."""
+    from gdn_lab.ops.delta_rule_triton import gdn_prefill_chunked
+
+    mine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    return gdn_prefill_chunked(**mine, **sizes), mine["state"]
+
+
+def test_segment_parallel_recurrence_matches_the_token_by_token_reference(device):
+    """Sequences of 1 to 5 segments (edges at 32, 33, 64), a padding row, nonzero initial states: fp32
+    within the fp32 tolerance of the token-by-token recurrence."""
+    lengths, slots = (1, 31, 32, 33, 64, 150, 7), [6, 0, 5, 1, -1, 2, 3]
+    args = batch_args(range(len(lengths)), lengths, slots, device, hk=1, hv=2, d=16, spare=1)
+    out, state = chunked(args, **SEGMENTED)
+    ref_out, ref_state = run("torch-recurrent", args)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(state, ref_state, atol=1e-5, rtol=1e-4, equal_nan=True)
+    assert state[4].isnan().all(), "the unowned slot stays untouched"
+
+
+def test_segments_change_bits_only_past_the_first_segment(device):
+    """A sequence within one segment runs the serial recurrence: bitwise the unsegmented run. A longer
+    one goes through the segment maps (other rounding, still close)."""
+    args = batch_args([3, 4], [32, 150], [0, 1], device, hk=1, hv=2, d=16, dtype=torch.bfloat16)
+    seg_out, seg_state = chunked(args, **SEGMENTED)
+    one_out, one_state = chunked(args, chunk_size=16, segment_chunks=1000)
+    assert torch.equal(seg_out[:32], one_out[:32]) and torch.equal(seg_state[0], one_state[0])
+    assert not torch.equal(seg_state[1], one_state[1]), "past the first segment the maps round otherwise"
+    assert rel_mae(seg_out[32:], one_out[32:]) <= 1e-2 and rel_mae(seg_state[1], one_state[1]) <= 1e-2
+
+
+def test_segment_parallel_recurrence_is_bitwise_alone_vs_batched(device):
+    """Segments start at each sequence's own first token: the target's bits do not follow its batch,
+    among batchmates shorter and longer than it, at any position."""
+    target = 130  # five segments of 32 tokens
+
+    def target_bits(seeds, lengths, pos):
+        slots = list(range(len(lengths)))[::-1]
+        args = batch_args(seeds, lengths, slots, device, hk=1, hv=2, d=16, dtype=torch.bfloat16)
+        out, state = chunked(args, **SEGMENTED)
+        cu = args["cu_seqlens"].tolist()
+        return out[cu[pos] : cu[pos + 1]], state[slots[pos]]
+
+    alone_out, alone_state = target_bits([TARGET_SEED], [target], 0)
+    for seeds, lengths, pos in [([5, TARGET_SEED, 6], [7, target, 200], 1), ([6, 5, TARGET_SEED], [90, 33, target], 2)]:
+        out, state = target_bits(seeds, lengths, pos)
+        assert torch.equal(out, alone_out) and torch.equal(state, alone_state)
+
+
 def test_coverage_reasons(device):
     """Shapes and layouts the kernels do not take are refused with a reason, before any launch."""
     args = batch_args([0], [3], [0], device, d=24)
