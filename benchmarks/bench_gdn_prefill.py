@@ -475,27 +475,27 @@ SEGMENTS_BY_BATCH = "triton-segments-by-batch"
 
 def segments_by_batch(**args) -> torch.Tensor:
     """CONTROL (bench-local): gdn_prefill's chunked kernels with the state recurrence's segments sized
-    by the batch, one chunk per sequence of the batch (fewer, longer segments where the batch
-    already fills the GPU); a target longer than a chunk gets other segments alone than batched,
-    so its bits follow the batch."""
+    by the batch, one chunk per sequence of the batch, every sequence cut (fewer, longer segments
+    where the batch already fills the GPU); a target longer than a chunk gets other segments alone
+    than batched, so its bits follow the batch."""
     from gdn_lab.ops.delta_rule_triton import gdn_prefill_chunked
 
-    return gdn_prefill_chunked(**args, segment_chunks=args["slots"].numel())
+    return gdn_prefill_chunked(**args, segment_chunks=args["slots"].numel(), segment_from=0)
 
 
 def invariance_cases(args: argparse.Namespace) -> list[tuple[int, list[int], int]]:
     """(target tokens, batchmates' tokens, the target's position): a short target among 15 short
     mates, first (the controls chunk by 64 alone and by 32 in it: 16 sequences, <= 3071 tokens), and
-    a target of three segments of the state recurrence (SEGMENT_CHUNKS chunks) at a random position
-    among 7 mates of random lengths, from 1 token to past the target."""
+    a target the state recurrence cuts into segments (past SEGMENT_FROM tokens by a segment and a
+    part) at a random position among 7 mates of random lengths, from 1 token to twice the target."""
     from gdn_lab.ops.delta_rule import CHUNK_SIZE
-    from gdn_lab.ops.delta_rule_triton import SEGMENT_CHUNKS
+    from gdn_lab.ops.delta_rule_triton import SEGMENT_CHUNKS, SEGMENT_FROM
 
     g = torch.Generator().manual_seed(args.seed)
     if args.smoke:
         return [(40, [7, 30, 3, 12], 0), (150, [1, 200, 64, 9], int(torch.randint(0, 5, (1,), generator=g)))]
     segment = CHUNK_SIZE * SEGMENT_CHUNKS
-    target = 2 * segment + 808
+    target = SEGMENT_FROM + segment + 808
     mates = [1, 2 * target, *torch.randint(2, 2 * target, (5,), generator=g).tolist()]
     mates = [mates[i] for i in torch.randperm(len(mates), generator=g).tolist()]
     return [(1000, [100] * 15, 0), (target, mates, int(torch.randint(0, len(mates) + 1, (1,), generator=g)))]

@@ -1,9 +1,9 @@
 """Where gdn_prefill's `triton` backend spends its time: each of its launches alone, and their options.
 
 The backend (gdn_lab.ops.delta_rule_triton) is a chunk plan and a segment plan, the chunk-parallel
-prepare, the state recurrence (segment-parallel: one launch builds the maps of segments of
-SEGMENT_CHUNKS chunks, one runs the segments from their entering states; a sequence of one segment
-takes the second alone), and the chunk-parallel output. This probe times each through the
+prepare, the state recurrence (segment-parallel for sequences past SEGMENT_FROM tokens: the maps
+of segments of SEGMENT_CHUNKS chunks, the segments' entering states, then every segment; a
+sequence of one segment takes the last launch alone), and the chunk-parallel output. This probe times each through the
 backend's own launch functions on the bench's inputs (benchmarks/bench_gdn_prefill.py), the whole
 backend call beside them, the state recurrence at other segment lengths (`serial`: one segment per
 sequence), V tiles, warp counts and pipeline stages, and the chunk-parallel launches (prepare,
@@ -16,7 +16,7 @@ Usage:
 
 Writes OUT_DIR/probe_gdn_prefill_kernels.csv: one row per (tokens, sequences, launch) with `us`
 (do_bench median on a GPU, one call on the CPU), and for variants block_v (state), num_warps,
-num_stages, segment_chunks (state) and the status (a variant the GPU cannot run says why); every row carries the environment
+num_stages, segment_chunks and segment_from (state) and the status (a variant the GPU cannot run says why); every row carries the environment
 fingerprint (`env_*`).
 """
 
@@ -39,6 +39,7 @@ COLUMNS = [
     "batch",
     "launch",
     "segment_chunks",
+    "segment_from",
     "block_v",
     "num_warps",
     "num_stages",
@@ -49,7 +50,17 @@ COLUMNS = [
 # (block_v, warps, stages); block_v 64 is left out: on the H200 (Triton 3.6) it faults with an illegal
 # memory access, which poisons the CUDA context for every later launch
 VARIANTS = [(8, 4, 3), (16, 4, 3), (32, 4, 3), (32, 8, 3), (32, 4, 2), (8, 8, 3)]
-SEGMENT_VARIANTS = [8, 16, 32, 64, 128, "serial"]  # chunks per segment of the state recurrence
+# the state recurrence's segments: (chunks per segment, cut sequences of more tokens than, warps);
+# "serial": every sequence one segment
+SEGMENT_VARIANTS = [
+    (32, 0, 4),
+    (64, 0, 4),
+    (128, 0, 4),
+    (64, 0, 8),
+    (128, 0, 8),
+    ("serial", None, 4),
+    ("serial", None, 8),
+]
 # (warps, stages) of the chunk-parallel launches; their defaults are 8 warps (tiles of 8192+ fp32
 # elements) and Triton's stages
 PARALLEL_VARIANTS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3)]
@@ -68,13 +79,13 @@ def launches(args: dict, device: torch.device) -> dict:
     run = D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE)
     gates = [a[x] for x in ("a", "b", "A_log", "dt_bias")]
 
-    def state_launches(segment_chunks=D.SEGMENT_CHUNKS, **tile):
+    def state_launches(segment_chunks=D.SEGMENT_CHUNKS, segment_from=D.SEGMENT_FROM, **tile):
         if segment_chunks == "serial":
-            segment_chunks = q.shape[0] // D.CHUNK_SIZE + slots.numel()  # >= every sequence's chunks
-        seg = D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE, segment_chunks)
+            segment_chunks, segment_from = D.SEGMENT_CHUNKS, q.shape[0]  # every sequence one segment
+        seg = D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE, segment_chunks, segment_from)
         mine = dataclasses.replace(
             run, segments=seg.segments, segment_chunks=segment_chunks,
-            scratch=dataclasses.replace(run.scratch, trans=seg.scratch.trans),
+            scratch=dataclasses.replace(run.scratch, trans=seg.scratch.trans, starts=seg.scratch.starts),
         )  # fmt: skip
         return lambda: D.run_state_kernel(mine, a["state"], slots, cu, hk, **tile)
 
@@ -103,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(128, 1), (128, 2)] if args.smoke else [(t, n) for t in (4096, 16384, 65536) for n in (1, 4, 16)]
     variants = VARIANTS[2:3] if args.smoke else VARIANTS
     parallel = PARALLEL_VARIANTS[:1] if args.smoke else PARALLEL_VARIANTS
-    segments = [1, "serial"] if args.smoke else SEGMENT_VARIANTS
+    segments = [(1, 0, 4), ("serial", None, 4)] if args.smoke else SEGMENT_VARIANTS
     # do_bench's median on a GPU, one synchronised call on the CPU (the bench's own timers)
     time_us = do_bench_us if device.type == "cuda" else (lambda fn: call_once(fn, device)[0])
     rows = []
@@ -115,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"tokens": tokens, "batch": batch, "launch": name, "us": time_us(fn), "status": "ok", **env})
         first = len(rows)
         tried = [("state", {"block_v": bv, "num_warps": w, "num_stages": st}) for bv, w, st in variants]
-        tried += [("state", {"segment_chunks": seg}) for seg in segments]
+        tried += [
+            ("state", {"segment_chunks": seg, "num_warps": w, **({} if cut is None else {"segment_from": cut})})
+            for seg, cut, w in segments
+        ]
         tried += [(name, {"num_warps": w, "num_stages": st}) for name in ("prepare", "output") for w, st in parallel]
         for name, opts in tried:
             row = {"tokens": tokens, "batch": batch, "launch": name, **opts, **env}

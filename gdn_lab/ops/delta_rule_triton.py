@@ -307,6 +307,7 @@ def _state_kernel(
     gs,
     hs,
     trans,
+    starts,
     N,
     HK: tl.constexpr,
     HV: tl.constexpr,
@@ -318,15 +319,16 @@ def _state_kernel(
     TRANSFER: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (segment of SEG chunks, value head, column tile); see `run_state_kernel`.
+    """One program per (segment, value head, column tile); see `run_state_kernel`.
 
     Per chunk, with w, u and k of the chunk, S <- A S + B for A = exp(g_last) I - kd^T w and
     B = kd^T u (kd = k exp(g_last - G)): v_new = u - w S, S <- exp(g_last) S + kd^T v_new.
     TRANSFER: the segment's affine map (M, D) = (A_m ... A_1, the state it makes of zero), by the
     same step on the augmented columns [S | X], S from 0 with u, X from I with u = 0; stored as
-    trans[segment] = [D | M] ([K, V + K]). Otherwise: the state entering the segment (the
-    sequence's initial state through the maps of the segments before it), then the chunks with
-    their entering states (hs) and v_new (in place of u) stored, and the final state into the pool.
+    trans[segment] = [D | M] ([K, V + K]). Otherwise: from the state entering the segment (the
+    pool's for a sequence of one segment, else `_segment_starts_kernel`'s), the chunks with their
+    entering states (hs) and v_new (in place of u) stored, and the final state into the pool.
+    A segment is SEG chunks, the last one the rest of its sequence.
     """
     i_s, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = tl.load(seg_seq + i_s)
@@ -336,7 +338,6 @@ def _state_kernel(
     if slot < 0:
         return
     R: tl.constexpr = HV // HK
-    W: tl.constexpr = V + K  # the augmented columns
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
     c0 = tl.load(chunk_cu + n).to(tl.int64)
@@ -347,27 +348,18 @@ def _state_kernel(
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, BT)
     o_c = i_v * BV + tl.arange(0, BV)  # the columns this program owns (of S, or of [S | X])
-    # the pool's [V, K] rows as [K, BV]; with several segments the last one overwrites them while
-    # the others start, so those read the copy the TRANSFER launch put in the last segment's slot
-    p_pool = state + (slot.to(tl.int64) * HV + i_h) * (V * K) + o_c[None, :] * K + o_k[:, None]
-    p_copy = trans + ((s0 + n_segs - 1) * HV + i_h) * (K * W) + o_k[:, None] * W + o_c[None, :]
-    is_v = o_c < V
+    p_pool = state + (slot.to(tl.int64) * HV + i_h) * (V * K) + o_c[None, :] * K + o_k[:, None]  # [V, K] as [K, BV]
     if TRANSFER:
-        if s == n_segs - 1:  # the last segment's map is never used; its slot holds the copy
+        if s == n_segs - 1:  # the last segment's map is never used
             return
-        if s == 0:
-            tl.store(p_copy, tl.load(p_pool, mask=is_v[None, :]), mask=is_v[None, :])
         b_S = tl.where(o_k[:, None] == o_c[None, :] - V, 1.0, 0.0)  # 0 on S's columns, I on X's
     else:
         if n_segs > 1:  # noqa: SIM108 (a runtime condition: Triton takes an if block, not a ternary)
-            b_S = tl.load(p_copy)
+            b_S = tl.load(starts + ((s0 + s) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :])
         else:
             b_S = tl.load(p_pool)
-        for i in range(s):  # through the maps of the segments before this one, in order
-            p_map = trans + ((s0 + i) * HV + i_h) * (K * W) + o_k[:, None] * W
-            b_M = tl.load(p_map + V + o_k[None, :])
-            b_S = tl.dot(b_M, b_S, input_precision=PREC) + tl.load(p_map + o_c[None, :])
-    for j in range(s * SEG, tl.minimum(s * SEG + SEG, n_chunks)):
+    j_end = tl.where(s == n_segs - 1, n_chunks, s * SEG + SEG)
+    for j in range(s * SEG, j_end):
         rows = bos + j * BT + o_t
         m_t = rows < eos
         if not TRANSFER:
@@ -375,7 +367,8 @@ def _state_kernel(
             tl.store(p_hs, b_S)  # the state entering chunk j, for the output kernel
         b_w = tl.load(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], mask=m_t[:, None], other=0.0)
         p_u = us + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
-        m_u = m_t[:, None] & is_v[None, :]  # X's columns take u = 0
+        # X's columns take u = 0; S's alone keep the row mask (a column mask slowed the loop a third)
+        m_u = (m_t[:, None] & (o_c < V)[None, :]) if TRANSFER else m_t[:, None]
         b_vn = tl.load(p_u, mask=m_u, other=0.0) - tl.dot(b_w, b_S, input_precision=PREC)
         if not TRANSFER:
             tl.store(p_u, b_vn, mask=m_u)  # u becomes v_new in place
@@ -386,9 +379,34 @@ def _state_kernel(
         b_kd = b_k * tl.exp(g_last - b_G)[:, None]
         b_S = b_S * tl.exp(g_last) + tl.dot(tl.trans(b_kd), b_vn, input_precision=PREC)
     if TRANSFER:
-        tl.store(trans + ((s0 + s) * HV + i_h) * (K * W) + o_k[:, None] * W + o_c[None, :], b_S)
+        tl.store(trans + ((s0 + s) * HV + i_h) * (K * (V + K)) + o_k[:, None] * (V + K) + o_c[None, :], b_S)
     elif s == n_segs - 1:
         tl.store(p_pool, b_S)
+
+
+@triton.jit(do_not_specialize=["N"])
+def _segment_starts_kernel(
+    state, slots, seg_cu, trans, starts, N,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """One program per (sequence, value head, V tile) of a sequence of several segments: the state
+    entering each segment, S_0 = the pool's and S_{i+1} = M_i S_i + D_i, into starts[segment]. A
+    launch of its own: inside the state kernel this loop slowed the chunk loop by a third (H200)."""
+    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(slots + i_n)
+    s0 = tl.load(seg_cu + i_n).to(tl.int64)
+    n_segs = tl.load(seg_cu + i_n + 1).to(tl.int64) - s0
+    if (slot < 0) | (n_segs < 2):
+        return
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    b_S = tl.load(state + (slot.to(tl.int64) * HV + i_h) * (V * K) + o_v[None, :] * K + o_k[:, None])
+    for i in range(n_segs):
+        tl.store(starts + ((s0 + i) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :], b_S)
+        if i < n_segs - 1:
+            p_map = trans + ((s0 + i) * HV + i_h) * (K * (V + K)) + o_k[:, None] * (V + K)
+            b_M = tl.load(p_map + V + o_k[None, :])
+            b_S = tl.dot(b_M, b_S, input_precision=PREC) + tl.load(p_map + o_v[None, :])
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
@@ -431,6 +449,7 @@ def _output_kernel(
 
 STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
 SEGMENT_CHUNKS = 64  # chunks per segment of the state recurrence: fixed, never per batch
+SEGMENT_FROM = 16384  # a sequence of more tokens than this is split into segments (never per batch)
 
 
 @dataclass(frozen=True)
@@ -451,16 +470,20 @@ class ChunkPlan:
 
 
 @triton.jit(do_not_specialize=["N", "max_chunks"])
-def _plan_kernel(cu_seqlens, chunk_cu, chunk_seq, N, max_chunks, BT: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: chunk_cu[n] = the first chunk of sequence n (a prefix sum of its chunk counts),
-    chunk_seq[c] = the sequence of chunk c (N past the last chunk), by binary search."""
+def _plan_kernel(
+    cu_seqlens, chunk_cu, chunk_seq, N, max_chunks, BT: tl.constexpr, WHOLE: tl.constexpr, BLOCK: tl.constexpr
+):
+    """One program: chunk_cu[n] = the first chunk of sequence n (a prefix sum of its chunk counts:
+    ceil(length / BT), one for a sequence of 1 to WHOLE tokens), chunk_seq[c] = the sequence of
+    chunk c (N past the last chunk), by binary search."""
     o = tl.arange(0, BLOCK)
     carry = tl.zeros([], dtype=tl.int32)
     tl.store(chunk_cu, carry)
     for n0 in range(0, N, BLOCK):
         m = n0 + o < N
         length = tl.load(cu_seqlens + n0 + o + 1, mask=m, other=0) - tl.load(cu_seqlens + n0 + o, mask=m, other=0)
-        ends = tl.cumsum((length + BT - 1) // BT, 0) + carry
+        count = tl.where(length <= WHOLE, tl.minimum(length, 1), (length + BT - 1) // BT)
+        ends = tl.cumsum(count, 0) + carry
         tl.store(chunk_cu + n0 + o + 1, ends, mask=m)
         carry = tl.max(tl.where(m, ends, 0), 0)
     tl.debug_barrier()  # chunk_cu is read back below, by other threads of this program
@@ -478,16 +501,19 @@ def _plan_kernel(cu_seqlens, chunk_cu, chunk_seq, N, max_chunks, BT: tl.constexp
         tl.store(chunk_seq + c, lo, mask=c < max_chunks)
 
 
-def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, chunk_size: int) -> ChunkPlan:
-    """Chunks of `chunk_size` tokens starting at each sequence's first token: one launch (with the
-    torch ops it replaces, about ten launches, the plan and scratch took 140-340 us per call on the
-    H200; 7-64 us now, benchmarks/probe_gdn_prefill_kernels.py)."""
+def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, chunk_size: int, whole_until: int = 0) -> ChunkPlan:
+    """Chunks of `chunk_size` tokens starting at each sequence's first token, a sequence of at most
+    `whole_until` tokens one chunk (the last chunk of a sequence is the rest of it): one launch
+    (with the torch ops it replaces, about ten launches, the plan and scratch took 140-340 us per
+    call on the H200; 7-64 us now, benchmarks/probe_gdn_prefill_kernels.py)."""
     n = cu_seqlens.numel() - 1
     max_chunks = total_tokens // chunk_size + n
     dev = cu_seqlens.device
     chunk_cu = torch.empty(n + 1, dtype=torch.int32, device=dev)
     chunk_seq = torch.empty(max_chunks, dtype=torch.int32, device=dev)
-    _plan_kernel[(1,)](cu_seqlens, chunk_cu, chunk_seq, n, max_chunks, BT=chunk_size, BLOCK=1024, num_warps=4)
+    _plan_kernel[(1,)](
+        cu_seqlens, chunk_cu, chunk_seq, n, max_chunks, BT=chunk_size, WHOLE=whole_until, BLOCK=1024, num_warps=4
+    )
     return ChunkPlan(chunk_size, max_chunks, chunk_cu, chunk_seq)
 
 
@@ -499,8 +525,9 @@ class Scratch:
         qs, ks: [T, HK, K] normalized q (scaled) and k.
         ws: [T, HV, K]; us: [T, HV, V] (u, then v_new in place); gs: [T, HV] cumulative log decay.
         hs: [max_chunks, HV, K, V] the state entering each chunk.
-        trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`); one
-            element when no sequence of the call can span two segments.
+        trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`);
+        starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`);
+            trans and starts are one element each when no sequence of the call has two segments.
     """
 
     qs: torch.Tensor
@@ -510,6 +537,7 @@ class Scratch:
     gs: torch.Tensor
     hs: torch.Tensor
     trans: torch.Tensor
+    starts: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -518,8 +546,9 @@ class ChunkedRun:
 
     Attributes:
         plan: the chunks of the call's sequences.
-        segments: the call's segments of `segment_chunks` chunks (a ChunkPlan whose chunk_size is
-            the segment's tokens), the units of the state recurrence's parallel launches.
+        segments: the call's segments of the state recurrence (a ChunkPlan whose chunk_size is
+            a segment's tokens): `segment_chunks` chunks each in a sequence of more than
+            `segment_from` tokens, one segment for a shorter sequence.
         segment_chunks: chunks per segment.
         scratch: the float32 intermediates.
         prec: the tl.dot input_precision of every dot ("ieee" or "tf32").
@@ -539,13 +568,15 @@ def chunked_run(
     head_k_dim: int,
     chunk_size: int,
     segment_chunks: int = SEGMENT_CHUNKS,
+    segment_from: int = SEGMENT_FROM,
 ) -> ChunkedRun:
     """The plans, scratch and dot precision of a call writing `out` ([T, HV, V] in the input dtype)."""
     T, HV, V = out.shape
     HK, K, device = num_k_heads, head_k_dim, out.device
     plan = plan_chunks(cu_seqlens, T, chunk_size)
-    segments = plan_chunks(cu_seqlens, T, chunk_size * segment_chunks)
-    spans = chunk_size * segment_chunks < T  # some sequence may span two segments
+    segment = chunk_size * segment_chunks
+    segments = plan_chunks(cu_seqlens, T, segment, whole_until=max(segment_from, segment))
+    spans = max(segment_from, segment) < T  # some sequence may have two segments
     f32 = {"dtype": torch.float32, "device": device}
     scratch = Scratch(
         torch.empty(T, HK, K, **f32),
@@ -555,6 +586,7 @@ def chunked_run(
         torch.empty(T, HV, **f32),
         torch.empty(plan.max_chunks, HV, K, V, **f32),
         torch.empty((segments.max_chunks, HV, K, V + K) if spans else (1,), **f32),
+        torch.empty((segments.max_chunks, HV, K, V) if spans else (1,), **f32),
     )
     prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device).input_precision
     return ChunkedRun(plan, segments, segment_chunks, scratch, prec)
@@ -613,13 +645,17 @@ def run_state_kernel(
     the parallel scans of linear recurrences (Blelloch, "Prefix sums and their applications",
     1990; Martin & Cundy, "Parallelizing linear recurrent neural nets over sequence length",
     ICLR 2018), a segment of chunks is one affine map that can be built before its entering state
-    is known. Where a sequence spans several segments of `run.segment_chunks` chunks, a first
-    launch builds every segment's map (M, D) at once, all but the last, by the chunk step itself
-    on [K, V + K] columns, and a second one runs each segment from its entering state, S_0
-    through the maps before it, all segments at once. The delta rule's A_j = exp(g) I - kd^T w
-    is a full [K, K], so M costs K more columns; the columns are independent, which makes the
-    tiles free. A sequence of one segment runs the serial recurrence alone. Segments start at
-    each sequence's first chunk and have a fixed length, so the bits depend on the request only.
+    is known. A sequence of more than `SEGMENT_FROM` tokens is cut into segments of
+    `SEGMENT_CHUNKS` chunks (the last one the rest); then three launches: every segment's map
+    (M, D) at once, all but each sequence's last, by the chunk step itself on [K, V + K] columns
+    (`_state_kernel`, TRANSFER); each sequence's segment entering states, through the maps in order
+    (`_segment_starts_kernel`, a [K, K] x [K, V] product per segment); every segment from its
+    entering state at once. The delta rule's A_j = exp(g) I - kd^T w is a full [K, K], so a map
+    costs K more columns, about twice a segment's serial work; the columns are independent, which
+    makes the tiles free. A shorter sequence is one segment: the serial recurrence, in the last
+    launch alone. What is cut, and where, follows from the sequence's own length, so the bits
+    depend on the request only; the threshold keeps the maps' extra work to sequences long
+    enough for the parallel segments to pay (the benchmark's probe times both).
 
     The tile and launch options are arguments only for the kernel probe
     (benchmarks/probe_gdn_prefill_kernels.py); the backends use the defaults.
@@ -627,16 +663,21 @@ def run_state_kernel(
     HV, V, K = state.shape[1:]
     s = run.scratch
     bv = min(V, K, block_v)
-    segs = run.segments
+    segs, n = run.segments, slots.numel()
     args = dict(
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
         seg_cu=segs.chunk_cu, seg_seq=segs.chunk_seq, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs,
-        trans=s.trans, N=slots.numel(), HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size,
-        SEG=run.segment_chunks, PREC=run.prec, **_launch_options(num_warps, num_stages),
+        trans=s.trans, starts=s.starts, N=n, HK=num_k_heads, HV=HV, K=K, V=V, BV=bv,
+        BT=run.plan.chunk_size, SEG=run.segment_chunks, PREC=run.prec,
     )  # fmt: skip
-    if s.trans.dim() > 1:  # chunked_run's scratch says whether some sequence can span two segments
-        _state_kernel[(segs.max_chunks, HV, (V + K) // bv)](**args, TRANSFER=True)
-    _state_kernel[(segs.max_chunks, HV, V // bv)](**args, TRANSFER=False)
+    opts = _launch_options(num_warps, num_stages)
+    if s.trans.dim() > 1:  # chunked_run's scratch says whether some sequence can have two segments
+        _state_kernel[(segs.max_chunks, HV, (V + K) // bv)](**args, TRANSFER=True, **opts)
+        _segment_starts_kernel[(n, HV, V // bv)](
+            state=state, slots=slots, seg_cu=segs.chunk_cu, trans=s.trans, starts=s.starts, N=n,
+            HV=HV, K=K, V=V, BV=bv, PREC=run.prec, num_warps=4,
+        )  # fmt: skip
+    _state_kernel[(segs.max_chunks, HV, V // bv)](**args, TRANSFER=False, **opts)
 
 
 def run_output_kernel(
@@ -666,6 +707,7 @@ def gdn_prefill_chunked(
     q, k, v, a, b, A_log, dt_bias, cu_seqlens, state, slots, scale, use_qk_l2norm,
     chunk_size: int = CHUNK_SIZE,
     segment_chunks: int = SEGMENT_CHUNKS,
+    segment_from: int = SEGMENT_FROM,
 ) -> torch.Tensor:  # fmt: skip
     """gdn_prefill with the chunked kernels (arguments as gdn_prefill's validate()); returns [T, HV, V].
 
@@ -675,7 +717,7 @@ def gdn_prefill_chunked(
     q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     HK, K = q.shape[1], q.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    run = chunked_run(cu_seqlens, out, HK, K, chunk_size, segment_chunks)
+    run = chunked_run(cu_seqlens, out, HK, K, chunk_size, segment_chunks, segment_from)
     run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, scale, use_qk_l2norm)
     run_state_kernel(run, state, slots, cu_seqlens, HK)
     run_output_kernel(run, out, cu_seqlens, slots, HK)

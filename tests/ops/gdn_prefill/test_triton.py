@@ -127,7 +127,8 @@ def test_control_varies_with_the_batch(device):
     assert rel_mae(out, alone_out) <= 1e-2 and rel_mae(state, alone_state) <= 1e-2
 
 
-SEGMENTED = {"chunk_size": 16, "segment_chunks": 2}  # 32-token segments: the parallel recurrence on tiny shapes
+# the parallel recurrence on tiny shapes: sequences of more than 40 tokens cut into 32-token segments
+SEGMENTED = {"chunk_size": 16, "segment_chunks": 2, "segment_from": 40}
 
 
 def chunked(args: dict, **sizes):
@@ -139,9 +140,9 @@ def chunked(args: dict, **sizes):
 
 
 def test_segment_parallel_recurrence_matches_the_token_by_token_reference(device):
-    """Sequences of 1 to 5 segments (edges at 32, 33, 64), a padding row, nonzero initial states: fp32
-    within the fp32 tolerance of the token-by-token recurrence."""
-    lengths, slots = (1, 31, 32, 33, 64, 150, 7), [6, 0, 5, 1, -1, 2, 3]
+    """Sequences of one segment (up to 40 tokens, of 1 to 3 chunks) and of 2 and 5 segments, a padding
+    row, nonzero initial states: fp32 within the fp32 tolerance of the token-by-token recurrence."""
+    lengths, slots = (1, 31, 40, 33, 64, 150, 7), [6, 0, 5, 1, -1, 2, 3]
     args = batch_args(range(len(lengths)), lengths, slots, device, hk=1, hv=2, d=16, spare=1)
     out, state = chunked(args, **SEGMENTED)
     ref_out, ref_state = run("torch-recurrent", args)
@@ -150,21 +151,22 @@ def test_segment_parallel_recurrence_matches_the_token_by_token_reference(device
     assert state[4].isnan().all(), "the unowned slot stays untouched"
 
 
-def test_segments_change_bits_only_past_the_first_segment(device):
-    """A sequence within one segment runs the serial recurrence: bitwise the unsegmented run. A longer
-    one goes through the segment maps (other rounding, still close)."""
-    args = batch_args([3, 4], [32, 150], [0, 1], device, hk=1, hv=2, d=16, dtype=torch.bfloat16)
+def test_only_sequences_past_the_threshold_are_cut(device):
+    """A sequence of up to `segment_from` tokens (three chunks here, more than a segment) runs the
+    serial recurrence: bitwise the uncut run. A longer one goes through the segment maps (other
+    rounding, still close)."""
+    args = batch_args([3, 4], [40, 150], [0, 1], device, hk=1, hv=2, d=16, dtype=torch.bfloat16)
     seg_out, seg_state = chunked(args, **SEGMENTED)
-    one_out, one_state = chunked(args, chunk_size=16, segment_chunks=1000)
-    assert torch.equal(seg_out[:32], one_out[:32]) and torch.equal(seg_state[0], one_state[0])
+    one_out, one_state = chunked(args, **{**SEGMENTED, "segment_from": 10**6})
+    assert torch.equal(seg_out[:40], one_out[:40]) and torch.equal(seg_state[0], one_state[0])
     assert not torch.equal(seg_state[1], one_state[1]), "past the first segment the maps round otherwise"
-    assert rel_mae(seg_out[32:], one_out[32:]) <= 1e-2 and rel_mae(seg_state[1], one_state[1]) <= 1e-2
+    assert rel_mae(seg_out[40:], one_out[40:]) <= 1e-2 and rel_mae(seg_state[1], one_state[1]) <= 1e-2
 
 
 def test_segment_parallel_recurrence_is_bitwise_alone_vs_batched(device):
     """Segments start at each sequence's own first token: the target's bits do not follow its batch,
     among batchmates shorter and longer than it, at any position."""
-    target = 130  # five segments of 32 tokens
+    target = 130  # five segments of 32 tokens; batchmates of one segment and of several
 
     def target_bits(seeds, lengths, pos):
         slots = list(range(len(lengths)))[::-1]
