@@ -325,9 +325,9 @@ def _state_kernel(
     B = kd^T u (kd = k exp(g_last - G)): v_new = u - w S, S <- exp(g_last) S + kd^T v_new.
     TRANSFER: the segment's affine map (M, D) = (A_m ... A_1, the state it makes of zero), by the
     same step on the augmented columns [S | X], S from 0 with u, X from I with u = 0; stored as
-    trans[segment] = [D | M] ([K, V + K]). Otherwise: from the state entering the segment (the
-    pool's for a sequence of one segment, else `_segment_starts_kernel`'s), the chunks with their
-    entering states (hs) and v_new (in place of u) stored, and the final state into the pool.
+    trans[segment] = [D | M] ([K, V + K]). Otherwise: from the state entering the segment
+    (`_segment_starts_kernel`'s), the chunks with their entering states (hs) and v_new (in place
+    of u) stored, and the final state into the pool.
     A segment is SEG chunks, the last one the rest of its sequence.
     """
     i_s, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -354,11 +354,9 @@ def _state_kernel(
             return
         b_S = tl.where(o_k[:, None] == o_c[None, :] - V, 1.0, 0.0)  # 0 on S's columns, I on X's
     else:
-        # both loads, one masked off, and a select: an if block around the loads slowed the chunk
-        # loop by a third on the H200; a select of values (no sum) keeps -0.0
-        cut = (o_k[:, None] * 0 + n_segs) > 1
-        p_start = starts + ((s0 + s) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :]
-        b_S = tl.where(cut, tl.load(p_start, mask=cut, other=0.0), tl.load(p_pool, mask=cut == 0, other=0.0))
+        # always from starts: a choice between the pool and starts (an if block, or two masked
+        # loads and a select) slowed the chunk loop by 15-35 % on the H200
+        b_S = tl.load(starts + ((s0 + s) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :])
     j_end = tl.where(s == n_segs - 1, n_chunks, s * SEG + SEG)
     for j in range(s * SEG, j_end):
         rows = bos + j * BT + o_t
@@ -390,14 +388,15 @@ def _segment_starts_kernel(
     state, slots, seg_cu, trans, starts, N,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """One program per (sequence, value head, V tile) of a sequence of several segments: the state
-    entering each segment, S_0 = the pool's and S_{i+1} = M_i S_i + D_i, into starts[segment]. A
-    launch of its own: inside the state kernel this loop slowed the chunk loop by a third (H200)."""
+    """One program per (sequence, value head, V tile): the state entering each segment, S_0 = the
+    pool's (a copy: the state kernel's last segment overwrites the pool while the others start)
+    and S_{i+1} = M_i S_i + D_i, into starts[segment]. A launch of its own: inside the state kernel
+    this loop slowed the chunk loop by a third (H200)."""
     i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slots + i_n)
     s0 = tl.load(seg_cu + i_n).to(tl.int64)
     n_segs = tl.load(seg_cu + i_n + 1).to(tl.int64) - s0
-    if (slot < 0) | (n_segs < 2):
+    if slot < 0:
         return
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -449,7 +448,7 @@ def _output_kernel(
 # --- host --------------------------------------------------------------------------------------
 
 STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
-SEGMENT_CHUNKS = 64  # chunks per segment of the state recurrence: fixed, never per batch
+SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
 SEGMENT_FROM = 16384  # a sequence of more tokens than this is split into segments (never per batch)
 
 
@@ -526,9 +525,9 @@ class Scratch:
         qs, ks: [T, HK, K] normalized q (scaled) and k.
         ws: [T, HV, K]; us: [T, HV, V] (u, then v_new in place); gs: [T, HV] cumulative log decay.
         hs: [max_chunks, HV, K, V] the state entering each chunk.
-        trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`);
-        starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`);
-            trans and starts are one element each when no sequence of the call has two segments.
+        trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`); one
+            element when no sequence of the call has two segments.
+        starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`).
     """
 
     qs: torch.Tensor
@@ -587,7 +586,7 @@ def chunked_run(
         torch.empty(T, HV, **f32),
         torch.empty(plan.max_chunks, HV, K, V, **f32),
         torch.empty((segments.max_chunks, HV, K, V + K) if spans else (1,), **f32),
-        torch.empty((segments.max_chunks, HV, K, V) if spans else (1,), **f32),
+        torch.empty(segments.max_chunks, HV, K, V, **f32),
     )
     prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device).input_precision
     return ChunkedRun(plan, segments, segment_chunks, scratch, prec)
@@ -649,12 +648,12 @@ def run_state_kernel(
     is known. A sequence of more than `SEGMENT_FROM` tokens is cut into segments of
     `SEGMENT_CHUNKS` chunks (the last one the rest); then three launches: every segment's map
     (M, D) at once, all but each sequence's last, by the chunk step itself on [K, V + K] columns
-    (`_state_kernel`, TRANSFER); each sequence's segment entering states, through the maps in order
-    (`_segment_starts_kernel`, a [K, K] x [K, V] product per segment); every segment from its
-    entering state at once. The delta rule's A_j = exp(g) I - kd^T w is a full [K, K], so a map
-    costs K more columns, about twice a segment's serial work; the columns are independent, which
-    makes the tiles free. A shorter sequence is one segment: the serial recurrence, in the last
-    launch alone. What is cut, and where, follows from the sequence's own length, so the bits
+    (`_state_kernel`, TRANSFER; only where some sequence is cut); each sequence's segment entering
+    states, through the maps in order (`_segment_starts_kernel`, a [K, K] x [K, V] product per
+    segment; for an uncut sequence a copy of its pool state); every segment from its entering
+    state at once. The delta rule's A_j = exp(g) I - kd^T w is a full [K, K], so a map costs K
+    more columns, about twice a segment's serial work; the columns are independent, which makes
+    the tiles free. A shorter sequence is one segment: the serial recurrence. What is cut, and where, follows from the sequence's own length, so the bits
     depend on the request only; the threshold keeps the maps' extra work to sequences long
     enough for the parallel segments to pay (the benchmark's probe times both).
 
@@ -674,10 +673,10 @@ def run_state_kernel(
     opts = _launch_options(num_warps, num_stages)
     if s.trans.dim() > 1:  # chunked_run's scratch says whether some sequence can have two segments
         _state_kernel[(segs.max_chunks, HV, (V + K) // bv)](**args, TRANSFER=True, **opts)
-        _segment_starts_kernel[(n, HV, V // bv)](
-            state=state, slots=slots, seg_cu=segs.chunk_cu, trans=s.trans, starts=s.starts, N=n,
-            HV=HV, K=K, V=V, BV=bv, PREC=run.prec, num_warps=4,
-        )  # fmt: skip
+    _segment_starts_kernel[(n, HV, V // bv)](
+        state=state, slots=slots, seg_cu=segs.chunk_cu, trans=s.trans, starts=s.starts, N=n,
+        HV=HV, K=K, V=V, BV=bv, PREC=run.prec, num_warps=4,
+    )  # fmt: skip
     _state_kernel[(segs.max_chunks, HV, V // bv)](**args, TRANSFER=False, **opts)
 
 
