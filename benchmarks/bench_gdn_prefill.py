@@ -24,12 +24,19 @@ Columns: `us` (do_bench median on the GPU, one call on the CPU), `tokens_per_s`,
 (the torch chain's or torch reference's us / this us) and `speedup_vs_fla` (fla-chain's or
 fla-chunk's us / this us), parity against the torch reference on fresh states (`max_abs_vs_ref`,
 `rel_mae_vs_ref` of the output, `state_max_abs_vs_ref` of the delta state), and an `invariance`
-section: one target alone vs inside a batch of 16, bitwise (`bitwise_equal`), for ours and the
-controls (which must differ). Every row carries the environment fingerprint (`env_*`).
+section (`invariance_cases`): a target alone vs batched, bitwise (`bitwise_equal`), for ours and
+the controls (which must differ): the registered ones (the chunk size by AITER's rule) and a
+bench-local one that sizes the state recurrence's segments by the batch; a target of 1000 tokens
+first among 15 of 100, and one the recurrence cuts into segments at a random position among 7 of
+random lengths (1 token to twice the target). The gates' A runs from 0.01 to 16 over the heads
+(`decay_gates`), so that some heads remember across chunks and segments. Every row carries the
+environment fingerprint (`env_*`).
 
 How close each timing is to the H200's limit: `bytes_moved` (every input and output tensor once,
 the in-place states read and written), `flops` (the chunked delta rule's dots at chunk 64:
-HV T (64 (6K + 4V) + 6 K V); the layer's conv, norms and fp8 are left out) and `limit_frac` = the
+HV T (64 (6K + 4V) + 6 K V): the algorithm's work, the same for fla; the segment maps' extra dots
+of sequences cut by our state recurrence, the layer's conv, norms and fp8 are left out) and
+`limit_frac` = the
 larger of bytes over 4.26 TB/s and flops over the measured bf16 peak (the fastest cuBLAS bf16
 matmul in data/bench/h200/bench_matmul.csv), divided by the measured time.
 
@@ -432,7 +439,7 @@ class Bench:
         make = layer_inputs if op == LAYER else prefill_inputs
         names = ("triton-fused", "triton-fused-tiles-by-batch") if op == LAYER else ("triton", "triton-chunk-by-batch")
         runs = {name: get(op, name).run for name in names}
-        if op == PREFILL and target > CHUNK_SIZE:  # a one-chunk target has one segment in any batch
+        if target > CHUNK_SIZE:  # a one-chunk target has one segment in any batch
             runs[SEGMENTS_BY_BATCH] = segments_by_batch
         lengths = [*mates[:position], target, *mates[position:]]
         seeds = [self.args.seed + 1 + i for i in range(len(lengths))]
@@ -474,12 +481,15 @@ SEGMENTS_BY_BATCH = "triton-segments-by-batch"
 
 
 def segments_by_batch(**args) -> torch.Tensor:
-    """CONTROL (bench-local): gdn_prefill's chunked kernels with the state recurrence's segments sized
-    by the batch, one chunk per sequence of the batch, every sequence cut (fewer, longer segments
-    where the batch already fills the GPU); a target longer than a chunk gets other segments alone
-    than batched, so its bits follow the batch."""
+    """CONTROL (bench-local) of either op: the chunked kernels (gdn_prefill's, or the fused layer's)
+    with the state recurrence's segments sized by the batch, one chunk per sequence of the batch,
+    every sequence cut (fewer, longer segments where the batch already fills the GPU); a target
+    longer than a chunk gets other segments alone than batched, so its bits follow the batch."""
     from gdn_lab.ops.delta_rule_triton import gdn_prefill_chunked
+    from gdn_lab.ops.gdn_layer_prefill.triton_kernels import gdn_layer_prefill_fused
 
+    if "projected_qkvz" in args:
+        return gdn_layer_prefill_fused(**args, segment_chunks=args["cache_indices"].numel(), segment_from=0)
     return gdn_prefill_chunked(**args, segment_chunks=args["slots"].numel(), segment_from=0)
 
 

@@ -31,6 +31,7 @@ def test_smoke(tmp_path, run_smoke, device):
     assert {r["seq_len"] for r in inv} == {"40", "150"}, "a one-chunk target and one of several segments"
     assert all(r["bitwise_equal"] == "True" for r in inv if r["impl"] in ("triton", "triton-fused"))
     controls = {(r["op"], r["seq_len"], r["impl"]): r["bitwise_equal"] for r in inv if "by-batch" in r["impl"]}
-    assert ("gdn_prefill", "150", "triton-segments-by-batch") in controls
-    assert ("gdn_prefill", "40", "triton-segments-by-batch") not in controls, "one chunk: one segment in any batch"
+    for op in ("gdn_prefill", "gdn_layer_prefill"):
+        assert (op, "150", "triton-segments-by-batch") in controls
+        assert (op, "40", "triton-segments-by-batch") not in controls, "one chunk: one segment in any batch"
     assert set(controls.values()) == {"False"} if device.type == "cpu" else set(controls.values()) <= {"True", "False"}

@@ -29,6 +29,8 @@ import triton.language as tl
 
 from gdn_lab.ops.delta_rule import CHUNK_SIZE, L2NORM_EPS, SOFTPLUS_THRESHOLD
 from gdn_lab.ops.delta_rule_triton import (
+    SEGMENT_CHUNKS,
+    SEGMENT_FROM,
     chunk_gates,
     chunk_output,
     chunk_rows,
@@ -358,8 +360,11 @@ def gdn_layer_prefill_fused(
     quantize_fp8,
     fp8_dtype,
     chunk_size: int = CHUNK_SIZE,
+    segment_chunks: int = SEGMENT_CHUNKS,
+    segment_from: int = SEGMENT_FROM,
 ):
-    """gdn_layer_prefill (arguments as its validate()) with the fused kernels; chunk 64 unless given.
+    """gdn_layer_prefill (arguments as its validate()) with the fused kernels; chunk 64 and the state
+    recurrence's default segments (`run_state_kernel`) unless given (the controls change them).
 
     conv_state and delta_state (contiguous) are updated in place at cache_indices.
 
@@ -376,7 +381,7 @@ def gdn_layer_prefill_fused(
     qkvz = projected_qkvz.contiguous()
     width = conv_weight.shape[1]
     io = grid_args("IO", dtype)
-    run = chunked_run(cu_seqlens, normalized, HK, D, chunk_size)
+    run = chunked_run(cu_seqlens, normalized, HK, D, chunk_size, segment_chunks, segment_from)
     s, N = run.scratch, cache_indices.numel()
     _layer_prepare_kernel[(run.plan.max_chunks, HV)](
         qkvz=qkvz, ba=projected_ba.contiguous(), conv_state=conv_state, conv_weight=conv_weight.contiguous(),
