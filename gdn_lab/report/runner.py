@@ -454,7 +454,7 @@ def _files(name: str, out: Path, partial: bool = False) -> dict[str, Any]:
         "html": page.name if page.exists() else None,
         "tables": sorted(f"{name}/{p.name}" for p in tables.glob("*.csv")) if tables.exists() else [],
         "partial": partial,
-        "kernel_log": f"{name}/{KERNEL_LOG}" if log.exists() and log.stat().st_size else None,
+        "kernel_log": f"{name}/{KERNEL_LOG}" if log.exists() else None,
     }
 
 
@@ -509,6 +509,9 @@ def run_notebook(
         finally:
             result.duration_s = round(time.monotonic() - start, 2)
             result.finished = _now()
+    kernel_log = tables / KERNEL_LOG
+    if kernel_log.exists() and not kernel_log.stat().st_size:  # a quiet kernel leaves no file behind
+        kernel_log.unlink()
     head = read_headline(tables) if tables.exists() else None
     result.headline = head.get("headline") if head else None
     result.error_rows = int(sum((head or {}).get("error_rows", {}).values()))

@@ -35,6 +35,7 @@ def test_failing_notebook_does_not_stop_the_others(suite, tmp_path, monkeypatch,
     assert last["parameters"]["out_dir"] == str(out / "03_last")
     assert last["parameters"]["sizes"] is None, "an explicit null from the preset is a value, injected as None"
     assert last["files"]["tables"] == ["03_last/numbers.csv"] and not last["files"]["partial"]
+    assert last["files"]["kernel_log"] is None and not (out / "03_last" / "kernel.log").exists(), "a quiet kernel"
     for name in ("01_first", "02_broken", "03_last"):
         assert (out / f"{name}.ipynb").exists() and (out / f"{name}.html").exists()
     executed = nbformat.read(str(out / "01_first.ipynb"), as_version=4)
