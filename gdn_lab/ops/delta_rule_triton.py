@@ -1,16 +1,19 @@
 """The chunked gated delta rule in Triton, batch-invariant by construction: gdn_prefill's kernels,
 and the @triton.jit pieces that gdn_layer_prefill's fused kernels are built from too.
 
-Three launches split the work as fla's chunk_gated_delta_rule and AITER's fused prefill do, so
-that only the state recurrence walks a sequence serially:
+Three stages split the work as fla's chunk_gated_delta_rule and AITER's fused prefill do, so
+that only the state recurrence walks a sequence, segment by segment:
 
 1. `_prepare_kernel`, one program per (chunk, value head), all chunks at once: the L2 norm of q
    and k, the gates (`chunk_gates`), the chunk's cumulative log decay G,
    A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 (blocked: `_unit_lower_inverse`),
    w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into fp32 scratch.
-2. `_state_kernel`, one program per (sequence, value head, V tile), chunk after chunk: it stores
-   the state entering each chunk, turns u into v_new = u - w S (S as [K, V]), updates
-   S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to the pool.
+2. `run_state_kernel`'s launches: `_state_kernel`, one program per (segment, value head, V tile),
+   chunk after chunk: it stores the state entering each chunk, turns u into v_new = u - w S (S as
+   [K, V]), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to
+   the pool. A sequence of more than SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS
+   chunks, whose entering states come from the segments' affine maps (the same kernel, TRANSFER)
+   through `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence).
 3. `_output_kernel`, one program per (chunk, value head): o = exp(G) (q S_c) +
    (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
 
@@ -19,11 +22,14 @@ The fused layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) launches the sa
 with the layer's stages around them (conv1d of the interleaved projection, gated RMSNorm, fp8,
 conv state). Nothing here knows the layer.
 
-Why the bits cannot follow the batch: chunks start at each sequence's first token, a program reads
-only its own sequence, and the chunk size, tiles, num_warps and dot precision are fixed per shape
-and dtype, never per batch; there are no atomics and no reduction split across programs. The batch
-moves where a chunk's scratch lives, not what is computed. The controls (`*_by_batch`) change
-exactly one thing, the chunk size, following AITER's rule.
+Why the bits cannot follow the batch: chunks and segments start at each sequence's first token,
+whether and where a sequence is cut follows from its own length, a program reads only its own
+sequence, and the chunk and segment sizes, tiles, num_warps and dot precision are fixed per shape
+and dtype, never per batch; there are no atomics, and the one computation split across programs
+(a cut sequence's segments, joined through their maps in order) is split by the sequence's own
+length. The batch moves where a chunk's scratch lives, not what is computed. The registered
+controls (`*_by_batch`) change exactly one thing, the chunk size, following AITER's rule
+(benchmarks/bench_gdn_prefill.py adds one that sizes the segments by the batch).
 
 Numerics: everything is float32; dots take float32 operands ("ieee" for float32 inputs, TF32 for
 bf16/fp16 inputs on GPUs that have it: `dot_precision(..., float32_operands=True)`). Values that
@@ -383,9 +389,9 @@ def _state_kernel(
         tl.store(p_pool, b_S)
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit
 def _segment_starts_kernel(
-    state, slots, seg_cu, trans, starts, N,
+    state, slots, seg_cu, trans, starts,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """One program per (sequence, value head, V tile): the state entering each segment, S_0 = the
@@ -653,9 +659,10 @@ def run_state_kernel(
     segment; for an uncut sequence a copy of its pool state); every segment from its entering
     state at once. The delta rule's A_j = exp(g) I - kd^T w is a full [K, K], so a map costs K
     more columns, about twice a segment's serial work; the columns are independent, which makes
-    the tiles free. A shorter sequence is one segment: the serial recurrence. What is cut, and where, follows from the sequence's own length, so the bits
-    depend on the request only; the threshold keeps the maps' extra work to sequences long
-    enough for the parallel segments to pay (the benchmark's probe times both).
+    the tiles free. A shorter sequence is one segment: the serial recurrence. What is cut, and
+    where, follows from the sequence's own length, so the bits depend on the request only; the
+    threshold keeps the maps' extra work to sequences long enough for the parallel segments to
+    pay (benchmarks/probe_gdn_prefill_kernels.py times both).
 
     The tile and launch options are arguments only for the kernel probe
     (benchmarks/probe_gdn_prefill_kernels.py); the backends use the defaults.
@@ -674,7 +681,7 @@ def run_state_kernel(
     if s.trans.dim() > 1:  # chunked_run's scratch says whether some sequence can have two segments
         _state_kernel[(segs.max_chunks, HV, (V + K) // bv)](**args, TRANSFER=True, **opts)
     _segment_starts_kernel[(n, HV, V // bv)](
-        state=state, slots=slots, seg_cu=segs.chunk_cu, trans=s.trans, starts=s.starts, N=n,
+        state=state, slots=slots, seg_cu=segs.chunk_cu, trans=s.trans, starts=s.starts,
         HV=HV, K=K, V=V, BV=bv, PREC=run.prec, num_warps=4,
     )  # fmt: skip
     _state_kernel[(segs.max_chunks, HV, V // bv)](**args, TRANSFER=False, **opts)
