@@ -486,6 +486,7 @@ def run_notebook(
 
     result = result or NotebookResult(nb.name, parameters=nb.parameters)
     executed, page, tables = out / f"{nb.name}.ipynb", out / f"{nb.name}.html", out / nb.name
+    kernel_log = tables / KERNEL_LOG
     # a rerun into the same directory must not report an earlier run's tables or headline
     for stale in [executed, page, *(tables / f for f in RUN_FILES), *tables.glob("*.csv")]:
         stale.unlink(missing_ok=True)
@@ -501,7 +502,7 @@ def run_notebook(
                 kernel_name=KERNEL_NAME,
                 progress_bar=False,
                 cwd=str(out),
-                kernel_manager_class=logging_to(tables / KERNEL_LOG),
+                kernel_manager_class=logging_to(kernel_log),
             )
             result.status = "ok"
         except Exception as exc:  # the failure is the result: recorded, the suite goes on
@@ -509,7 +510,6 @@ def run_notebook(
         finally:
             result.duration_s = round(time.monotonic() - start, 2)
             result.finished = _now()
-    kernel_log = tables / KERNEL_LOG
     if kernel_log.exists() and not kernel_log.stat().st_size:  # a quiet kernel leaves no file behind
         kernel_log.unlink()
     head = read_headline(tables) if tables.exists() else None

@@ -44,10 +44,12 @@ def batch_args(seeds, lengths, slots, device, *, hk=2, hv=4, d=32, dtype=torch.f
     return prefill.validate(*(t.to(device) for t in tensors), **kw)
 
 
-def run(backend: str, args: dict):
-    """(output, state pool after) of one call on private copies."""
+def run(backend, args: dict, **kw):
+    """(output, state pool after) of one call on private copies; backend: a registered name, or a
+    function taking the op's arguments (and `kw`)."""
+    fn = get(OP, backend).run if isinstance(backend, str) else backend
     mine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-    return get(OP, backend).run(**mine), mine["state"]
+    return fn(**mine, **kw), mine["state"]
 
 
 def rel_mae(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -132,11 +134,10 @@ SEGMENTED = {"chunk_size": 16, "segment_chunks": 2, "segment_from": 40}
 
 
 def chunked(args: dict, **sizes):
-    """(output, state pool after) of gdn_prefill_chunked on private copies, at the given chunk/segment sizes."""
+    """`run` of gdn_prefill_chunked at the given chunk and segment sizes."""
     from gdn_lab.ops.delta_rule_triton import gdn_prefill_chunked
 
-    mine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-    return gdn_prefill_chunked(**mine, **sizes), mine["state"]
+    return run(gdn_prefill_chunked, args, **sizes)
 
 
 def test_segment_parallel_recurrence_matches_the_token_by_token_reference(device):
