@@ -13,7 +13,8 @@ that only the state recurrence walks a sequence, segment by segment:
    [K, V]), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to
    the pool. A sequence of more than SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS
    chunks, whose entering states come from the segments' affine maps (the same kernel, TRANSFER)
-   through `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence).
+   through `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence), and a
+   call in which no sequence can be cut is the state kernel alone (FROM_POOL).
 3. `_output_kernel`, one program per (chunk, value head): o = exp(G) (q S_c) +
    (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
 
@@ -323,6 +324,7 @@ def _state_kernel(
     BT: tl.constexpr,
     SEG: tl.constexpr,
     TRANSFER: tl.constexpr,
+    FROM_POOL: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """One program per (segment, value head, column tile); see `run_state_kernel`.
@@ -334,12 +336,17 @@ def _state_kernel(
     trans[segment] = [D | M] ([K, V + K]). Otherwise: from the state entering the segment
     (`_segment_starts_kernel`'s), the chunks with their entering states (hs) and v_new (in place
     of u) stored, and the final state into the pool.
-    A segment is SEG chunks, the last one the rest of its sequence.
+    A segment is SEG chunks, the last one the rest of its sequence. FROM_POOL: no sequence of the
+    call is cut (seg_cu, seg_seq, trans and starts unused): program i_s is sequence i_s, from its
+    pool state; the same values as through starts, one launch fewer.
     """
     i_s, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n = tl.load(seg_seq + i_s)
-    if n >= N:  # past the last segment (the grid is an upper bound)
-        return
+    if FROM_POOL:
+        n = i_s
+    else:
+        n = tl.load(seg_seq + i_s)
+        if n >= N:  # past the last segment (the grid is an upper bound)
+            return
     slot = tl.load(slots + n)
     if slot < 0:
         return
@@ -348,8 +355,12 @@ def _state_kernel(
     eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
     c0 = tl.load(chunk_cu + n).to(tl.int64)
     n_chunks = tl.load(chunk_cu + n + 1).to(tl.int64) - c0
-    s0 = tl.load(seg_cu + n).to(tl.int64)
-    n_segs = tl.load(seg_cu + n + 1).to(tl.int64) - s0
+    if FROM_POOL:
+        s0 = n.to(tl.int64)
+        n_segs = 1
+    else:
+        s0 = tl.load(seg_cu + n).to(tl.int64)
+        n_segs = tl.load(seg_cu + n + 1).to(tl.int64) - s0
     s = i_s - s0
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, BT)
@@ -359,6 +370,8 @@ def _state_kernel(
         if s == n_segs - 1:  # the last segment's map is never used
             return
         b_S = tl.where(o_k[:, None] == o_c[None, :] - V, 1.0, 0.0)  # 0 on S's columns, I on X's
+    elif FROM_POOL:
+        b_S = tl.load(p_pool)
     else:
         # always from starts: a choice between the pool and starts (an if block, or two masked
         # loads and a select) made the serial recurrence 11-29 % slower on the H200
@@ -475,13 +488,11 @@ class ChunkPlan:
     chunk_seq: torch.Tensor
 
 
-@triton.jit(do_not_specialize=["N", "max_chunks"])
-def _plan_kernel(
-    cu_seqlens, chunk_cu, chunk_seq, N, max_chunks, BT: tl.constexpr, WHOLE: tl.constexpr, BLOCK: tl.constexpr
-):
-    """One program: chunk_cu[n] = the first chunk of sequence n (a prefix sum of its chunk counts:
-    ceil(length / BT), one for a sequence of 1 to WHOLE tokens), chunk_seq[c] = the sequence of
-    chunk c (N past the last chunk), by binary search."""
+@triton.jit
+def _plan(cu_seqlens, chunk_cu, chunk_seq, N, max_chunks, BT: tl.constexpr, WHOLE: tl.constexpr, BLOCK: tl.constexpr):
+    """chunk_cu[n] = the first chunk of sequence n (a prefix sum of its chunk counts: ceil(length /
+    BT), one for a sequence of 1 to WHOLE tokens), chunk_seq[c] = the sequence of chunk c (N past
+    the last chunk), by binary search."""
     o = tl.arange(0, BLOCK)
     carry = tl.zeros([], dtype=tl.int32)
     tl.store(chunk_cu, carry)
@@ -507,20 +518,40 @@ def _plan_kernel(
         tl.store(chunk_seq + c, lo, mask=c < max_chunks)
 
 
-def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, chunk_size: int, whole_until: int = 0) -> ChunkPlan:
-    """Chunks of `chunk_size` tokens starting at each sequence's first token, a sequence of at most
-    `whole_until` tokens one chunk (the last chunk of a sequence is the rest of it): one launch
-    (with the torch ops it replaces, about ten launches, the plan and scratch took 140-340 us per
-    call on the H200; 7-64 us now, benchmarks/probe_gdn_prefill_kernels.py)."""
+@triton.jit(do_not_specialize=["N", "max_0", "max_1"])
+def _plan_kernel(
+    cu_seqlens, cu_0, seq_0, cu_1, seq_1, N, max_0, max_1,
+    BT_0: tl.constexpr, WHOLE_0: tl.constexpr, BT_1: tl.constexpr, WHOLE_1: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Program p computes plan p (`_plan`): one launch for the chunks and the segments of a call."""
+    if tl.program_id(0) == 0:
+        _plan(cu_seqlens, cu_0, seq_0, N, max_0, BT_0, WHOLE_0, BLOCK)
+    else:
+        _plan(cu_seqlens, cu_1, seq_1, N, max_1, BT_1, WHOLE_1, BLOCK)
+
+
+def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, *sizes: tuple[int, int]) -> list[ChunkPlan]:
+    """One ChunkPlan per (chunk_size, whole_until) in sizes (one or two), in one launch: chunks of
+    chunk_size tokens starting at each sequence's first token, a sequence of at most whole_until
+    tokens one chunk (the last chunk of a sequence is the rest of it). With the torch ops it
+    replaces, about ten launches, the plan and scratch took 140-340 us per call on the H200; 7-64
+    us in one launch (benchmarks/probe_gdn_prefill_kernels.py)."""
+    if not 1 <= len(sizes) <= 2:
+        raise ValueError(f"plan_chunks: sizes takes one or two (chunk_size, whole_until) pairs, got {len(sizes)}")
     n = cu_seqlens.numel() - 1
-    max_chunks = total_tokens // chunk_size + n
     dev = cu_seqlens.device
-    chunk_cu = torch.empty(n + 1, dtype=torch.int32, device=dev)
-    chunk_seq = torch.empty(max_chunks, dtype=torch.int32, device=dev)
-    _plan_kernel[(1,)](
-        cu_seqlens, chunk_cu, chunk_seq, n, max_chunks, BT=chunk_size, WHOLE=whole_until, BLOCK=1024, num_warps=4
-    )
-    return ChunkPlan(chunk_size, max_chunks, chunk_cu, chunk_seq)
+    plans = []
+    for chunk_size, _ in sizes:
+        max_chunks = total_tokens // chunk_size + n
+        chunk_cu = torch.empty(n + 1, dtype=torch.int32, device=dev)
+        plans.append(ChunkPlan(chunk_size, max_chunks, chunk_cu, torch.empty(max_chunks, dtype=torch.int32, device=dev)))
+    (bt_0, whole_0), (bt_1, whole_1) = sizes[0], sizes[-1]
+    p_0, p_1 = plans[0], plans[-1]
+    _plan_kernel[(len(sizes),)](
+        cu_seqlens, p_0.chunk_cu, p_0.chunk_seq, p_1.chunk_cu, p_1.chunk_seq, n, p_0.max_chunks, p_1.max_chunks,
+        BT_0=bt_0, WHOLE_0=whole_0, BT_1=bt_1, WHOLE_1=whole_1, BLOCK=1024, num_warps=4,
+    )  # fmt: skip
+    return plans
 
 
 @dataclass(frozen=True)
@@ -531,9 +562,9 @@ class Scratch:
         qs, ks: [T, HK, K] normalized q (scaled) and k.
         ws: [T, HV, K]; us: [T, HV, V] (u, then v_new in place); gs: [T, HV] cumulative log decay.
         hs: [max_chunks, HV, K, V] the state entering each chunk.
-        trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`); one
-            element when no sequence of the call has two segments.
+        trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`).
         starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`).
+            trans and starts are None when no sequence of the call can be cut.
     """
 
     qs: torch.Tensor
@@ -542,8 +573,8 @@ class Scratch:
     us: torch.Tensor
     gs: torch.Tensor
     hs: torch.Tensor
-    trans: torch.Tensor
-    starts: torch.Tensor
+    trans: torch.Tensor | None
+    starts: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -554,14 +585,15 @@ class ChunkedRun:
         plan: the chunks of the call's sequences.
         segments: the call's segments of the state recurrence (a ChunkPlan whose chunk_size is
             a segment's tokens): `segment_chunks` chunks each in a sequence of more than
-            `segment_from` tokens, one segment for a shorter sequence.
+            `segment_from` tokens, one segment for a shorter sequence; None when the call has
+            too few tokens for any sequence to be cut (every sequence one segment).
         segment_chunks: chunks per segment.
         scratch: the float32 intermediates.
         prec: the tl.dot input_precision of every dot ("ieee" or "tf32").
     """
 
     plan: ChunkPlan
-    segments: ChunkPlan
+    segments: ChunkPlan | None
     segment_chunks: int
     scratch: Scratch
     prec: str
@@ -579,10 +611,12 @@ def chunked_run(
     """The plans, scratch and dot precision of a call writing `out` ([T, HV, V] in the input dtype)."""
     T, HV, V = out.shape
     HK, K, device = num_k_heads, head_k_dim, out.device
-    plan = plan_chunks(cu_seqlens, T, chunk_size)
     segment = chunk_size * segment_chunks
-    segments = plan_chunks(cu_seqlens, T, segment, whole_until=max(segment_from, segment))
-    spans = max(segment_from, segment) < T  # some sequence may have two segments
+    cut_from = max(segment_from, segment)
+    if cut_from < T:  # some sequence may be cut
+        plan, segments = plan_chunks(cu_seqlens, T, (chunk_size, 0), (segment, cut_from))
+    else:
+        (plan,), segments = plan_chunks(cu_seqlens, T, (chunk_size, 0)), None
     f32 = {"dtype": torch.float32, "device": device}
     scratch = Scratch(
         torch.empty(T, HK, K, **f32),
@@ -591,8 +625,8 @@ def chunked_run(
         torch.empty(T, HV, V, **f32),
         torch.empty(T, HV, **f32),
         torch.empty(plan.max_chunks, HV, K, V, **f32),
-        torch.empty((segments.max_chunks, HV, K, V + K) if spans else (1,), **f32),
-        torch.empty(segments.max_chunks, HV, K, V, **f32),
+        None if segments is None else torch.empty(segments.max_chunks, HV, K, V + K, **f32),
+        None if segments is None else torch.empty(segments.max_chunks, HV, K, V, **f32),
     )
     prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device).input_precision
     return ChunkedRun(plan, segments, segment_chunks, scratch, prec)
@@ -662,7 +696,10 @@ def run_state_kernel(
     the tiles free. A shorter sequence is one segment: the serial recurrence. What is cut, and
     where, follows from the sequence's own length, so the bits depend on the request only; the
     threshold keeps the maps' extra work to sequences long enough for the parallel segments to
-    pay (benchmarks/probe_gdn_prefill_kernels.py times both).
+    pay (benchmarks/probe_gdn_prefill_kernels.py times both). A call of too few tokens for any
+    sequence to be cut is one launch, each sequence from its pool state (FROM_POOL; the same
+    values as through starts, so the same bits): the segment plan and the entering-state copy
+    took two of a 1k-token call's six launches, whose host side bounds its time.
 
     The tile and launch options are arguments only for the kernel probe
     (benchmarks/probe_gdn_prefill_kernels.py); the backends use the defaults.
@@ -673,18 +710,20 @@ def run_state_kernel(
     segs, n = run.segments, slots.numel()
     args = dict(
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
-        seg_cu=segs.chunk_cu, seg_seq=segs.chunk_seq, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs,
-        trans=s.trans, starts=s.starts, N=n, HK=num_k_heads, HV=HV, K=K, V=V, BV=bv,
-        BT=run.plan.chunk_size, SEG=run.segment_chunks, PREC=run.prec,
+        seg_cu=None if segs is None else segs.chunk_cu, seg_seq=None if segs is None else segs.chunk_seq,
+        ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
+        N=n, HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, SEG=run.segment_chunks, PREC=run.prec,
+        **_launch_options(num_warps, num_stages),
     )  # fmt: skip
-    opts = _launch_options(num_warps, num_stages)
-    if s.trans.dim() > 1:  # chunked_run's scratch says whether some sequence can have two segments
-        _state_kernel[(segs.max_chunks, HV, (V + K) // bv)](**args, TRANSFER=True, **opts)
+    if segs is None:
+        _state_kernel[(n, HV, V // bv)](**args, TRANSFER=False, FROM_POOL=True)
+        return
+    _state_kernel[(segs.max_chunks, HV, (V + K) // bv)](**args, TRANSFER=True, FROM_POOL=False)
     _segment_starts_kernel[(n, HV, V // bv)](
         state=state, slots=slots, seg_cu=segs.chunk_cu, trans=s.trans, starts=s.starts,
         HV=HV, K=K, V=V, BV=bv, PREC=run.prec, num_warps=4,
     )  # fmt: skip
-    _state_kernel[(segs.max_chunks, HV, V // bv)](**args, TRANSFER=False, **opts)
+    _state_kernel[(segs.max_chunks, HV, V // bv)](**args, TRANSFER=False, FROM_POOL=False)
 
 
 def run_output_kernel(

@@ -75,18 +75,24 @@ def test_unit_lower_inverse_is_the_inverse(device, bt, seed):
 
 
 @pytest.mark.parametrize("lengths", [[4000], [0], [5, 0, 64, 65, 1], "many"], ids=["long", "empty", "mixed", "many"])
-@pytest.mark.parametrize("chunk", [32, 64])
-@pytest.mark.parametrize("whole", [0, 100], ids=["cut", "whole-to-100"])
-def test_plan_chunks_counts_and_owns_every_chunk(device, lengths, chunk, whole):
-    """Every sequence ceil(length / chunk) chunks, or one if it has 1 to `whole` tokens."""
+@pytest.mark.parametrize(
+    "sizes",
+    [[(32, 0)], [(64, 100)], [(32, 0), (64, 100)], [(64, 0), (256, 300)]],
+    ids=["cut-32", "whole-to-100", "two-plans", "chunks-and-segments"],
+)
+def test_plan_chunks_counts_and_owns_every_chunk(device, lengths, sizes):
+    """Every sequence ceil(length / chunk) chunks, or one if it has 1 to `whole` tokens, for each
+    (chunk, whole) of one launch."""
     if lengths == "many":  # more sequences than one block of the plan kernel
-        lengths = torch.randint(0, 200, (1500,), generator=torch.Generator().manual_seed(chunk)).tolist()
+        lengths = torch.randint(0, 200, (1500,), generator=torch.Generator().manual_seed(len(sizes))).tolist()
     lens = torch.tensor(lengths)
     cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
-    counts = torch.where(lens <= whole, lens.clamp(max=1), (lens + chunk - 1) // chunk)
-    want_cu = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
-    plan = plan_chunks(cu.to(device=device, dtype=torch.int32), int(cu[-1]), chunk, whole_until=whole)
-    assert plan.max_chunks == int(cu[-1]) // chunk + len(lengths)
-    want_seq = torch.searchsorted(want_cu[1:], torch.arange(plan.max_chunks), right=True)  # N past the last
-    assert plan.chunk_cu.cpu().tolist() == want_cu.tolist()
-    assert plan.chunk_seq.cpu().tolist() == want_seq.tolist()
+    plans = plan_chunks(cu.to(device=device, dtype=torch.int32), int(cu[-1]), *sizes)
+    assert len(plans) == len(sizes)
+    for plan, (chunk, whole) in zip(plans, sizes):
+        counts = torch.where(lens <= whole, lens.clamp(max=1), (lens + chunk - 1) // chunk)
+        want_cu = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        assert plan.chunk_size == chunk and plan.max_chunks == int(cu[-1]) // chunk + len(lengths)
+        want_seq = torch.searchsorted(want_cu[1:], torch.arange(plan.max_chunks), right=True)  # N past the last
+        assert plan.chunk_cu.cpu().tolist() == want_cu.tolist()
+        assert plan.chunk_seq.cpu().tolist() == want_seq.tolist()
