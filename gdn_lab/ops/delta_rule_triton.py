@@ -543,8 +543,8 @@ def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, *sizes: tuple[int, 
     plans = []
     for chunk_size, _ in sizes:
         max_chunks = total_tokens // chunk_size + n
-        chunk_cu = torch.empty(n + 1, dtype=torch.int32, device=dev)
-        plans.append(ChunkPlan(chunk_size, max_chunks, chunk_cu, torch.empty(max_chunks, dtype=torch.int32, device=dev)))
+        chunk_seq = torch.empty(max_chunks, dtype=torch.int32, device=dev)
+        plans.append(ChunkPlan(chunk_size, max_chunks, torch.empty(n + 1, dtype=torch.int32, device=dev), chunk_seq))
     (bt_0, whole_0), (bt_1, whole_1) = sizes[0], sizes[-1]
     p_0, p_1 = plans[0], plans[-1]
     _plan_kernel[(len(sizes),)](
