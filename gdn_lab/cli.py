@@ -175,7 +175,7 @@ def _run_epilog() -> str:
         "would get. -p values are YAML: -p seed=3, -p 'targets=[1, 257]', -p arches=null.",
         "",
         "examples:",
-        "  gdn-lab run --preset cpu-smoke --jobs 2        # two notebooks at a time",
+        "  gdn-lab run --preset cpu-smoke --jobs 1        # one notebook at a time (default: 3, at most the cores)",
         "  gdn-lab run --preset cpu-smoke --only 01 -p seed=3 --dry-run",
         "  gdn-lab run --preset h200 --out /tmp/h200 --archive /tmp/h200.tar.gz",
         "  gdn-lab run --resume /tmp/h200                 # rerun only what is not ok, or changed",
@@ -185,11 +185,12 @@ def _run_epilog() -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from gdn_lab.report.io import read_json
-    from gdn_lab.report.runner import SUMMARY_FILE, RunError, check_jobs, prepare, run_suite
+    from gdn_lab.report.runner import SUMMARY_FILE, RunError, check_jobs, default_jobs, prepare, run_suite
 
     out, preset = args.out, args.preset
     try:
-        check_jobs(args.jobs)
+        jobs = default_jobs() if args.jobs is None else args.jobs
+        check_jobs(jobs)
         if args.resume is not None:
             if out is not None and Path(out).resolve() != Path(args.resume).resolve():
                 raise RunError(f"--resume {args.resume} and --out {out} differ: --resume runs into its own directory")
@@ -206,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         if args.dry_run:
             return _dry_run(*prepare(preset, **kwargs))
-        summary = run_suite(preset, **kwargs, jobs=args.jobs)
+        summary = run_suite(preset, **kwargs, jobs=jobs)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -467,10 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--jobs",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="run N notebooks at once, each in its own kernel (default 1; the tables are the same; on the CPU "
-        "preset each kernel keeps about one core busy, so 2 on a 2-core machine about halves the time)",
+        help="run N notebooks at once, each in its own kernel (default 3, at most the cores; the tables are the "
+        "same; on the CPU preset each kernel keeps about one core busy, so 2 on a 2-core machine about halves "
+        "the time; 1 runs them one after the other)",
     )
     run.add_argument(
         "--dry-run", action="store_true", help="check everything and print each notebook's parameters; run nothing"

@@ -390,6 +390,18 @@ def prepended(variable: str, first: str | os.PathLike) -> str:
     return os.pathsep.join(x for x in (str(first), os.environ.get(variable)) if x)
 
 
+# --jobs's default: 3 notebooks at once ran the h200 suite in 141 s cold and 64 s warm on one H200
+# with 16 host cores, 2 in 176 s and 93 s (data/bench/h200/bench_suite.csv); more were not
+# measured. On the CPU each kernel keeps about one core busy, so never more than the cores.
+DEFAULT_JOBS = 3
+
+
+def default_jobs() -> int:
+    """`--jobs`'s default: DEFAULT_JOBS, at most the cores this process may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(DEFAULT_JOBS, cores))
+
+
 def check_jobs(jobs: object) -> None:
     """`jobs` is an int >= 1 (RunError otherwise)."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:

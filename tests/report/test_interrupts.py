@@ -122,7 +122,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_stops_the_kernel(sleepy, tmp_path,
 def test_sigkill_leaves_an_incomplete_index_with_the_partial_notebook_and_resume_finishes(sleepy, tmp_path, notebook):
     nbs, preset = sleepy
     out = tmp_path / "run"
-    proc = start(nbs, preset, out)
+    proc = start(nbs, preset, out, "--jobs", "1")  # 03 not yet started when 02 is killed
     kernel, reads = wait_until_sleeping(out, "02_sleepy", proc)
     assert reads > 0
     os.killpg(proc.pid, signal.SIGKILL)

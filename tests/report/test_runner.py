@@ -304,6 +304,27 @@ def test_cpu_kernels_let_idle_openmp_threads_sleep(monkeypatch):
     assert runner.kernel_env("cpu")["OMP_WAIT_POLICY"] == "ACTIVE", "the runner's own setting wins"
 
 
+@pytest.mark.parametrize(("cores", "want"), [(1, 1), (2, 2), (16, runner.DEFAULT_JOBS)])
+def test_the_default_jobs_are_at_most_the_cores(cores, want, monkeypatch):
+    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert runner.default_jobs() == want
+
+
+def test_run_without_jobs_takes_the_default(tmp_path, monkeypatch):
+    """`gdn-lab run` without --jobs runs `default_jobs()` notebooks at once; --jobs N overrides it."""
+    seen = []
+
+    def run_suite(preset, jobs, **kwargs):
+        seen.append(jobs)
+        raise runner.RunError("stopped by the test")
+
+    monkeypatch.setattr(runner, "default_jobs", lambda: 5)
+    monkeypatch.setattr(runner, "run_suite", run_suite)
+    for extra in ([], ["--jobs", "1"]):
+        assert cli.main(["run", "--preset", "cpu-smoke", "--out", str(tmp_path / "r"), *extra]) == 2
+    assert seen == [5, 1]
+
+
 @pytest.mark.parametrize("jobs", ["0", "-1"])
 def test_jobs_must_be_positive(jobs, suite, tmp_path, capsys):
     nbs, preset = suite
