@@ -27,8 +27,9 @@ Two launches, as AITER's paged_attention_ragged:
 - `_decode_partition_kernel`, grid (B, Hkv, ceil(max_len / span)): one program walks its span of
   one request for one KV head, block by block; programs whose span starts at or beyond the
   request's length exit at once.
-- `_decode_reduce_kernel`, grid (B, Hq): one program folds one request's stored units into nodes
-  (fine plans), merges the nodes, and writes the output row.
+- `_decode_reduce_kernel`, grid (B, Hq, D / 64): one program folds one request's stored units into
+  nodes (fine plans), merges the nodes, and writes its 64 columns of the output row (each column's
+  sums are its own; the tile shape is fixed per D).
 
 An fp8 (e4m3) cache runs both dots in float16 on the GPU: e4m3 -> fp16 is one packed conversion
 per two values (e4m3 -> bf16 costs a further conversion per value, which bounded the fp8 kernel
@@ -63,7 +64,11 @@ from gdn_lab.ops.paged_kv_triton import (
 from gdn_lab.ops.triton_common import DotPrecision, dot_precision, pow2_at_least
 from gdn_lab.ops.triton_support import interpreting
 
-_REDUCE_TILE = 4096  # nodes x head-dim elements the reduce holds at once (16 nodes for D = 256)
+_REDUCE_TILE = 4096  # nodes x head-dim elements: BP, the nodes merged at once (16 for D = 256), is this over D
+# The reduce's programs each own this many of D's columns (the softmax statistics, the same in
+# every program, are recomputed by each): a fine plan's reduce folds a node's blocks in sequence,
+# and with whole [BP, D] tiles the unrolled loads of D = 256's 16 blocks did not fit in registers
+_REDUCE_COLUMNS = 64
 
 
 @dataclass(frozen=True)
@@ -323,6 +328,7 @@ def _decode_reduce_kernel(
 ):
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
+    i_d = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + i_b)
     if SPLIT_BY_COUNT:
         unit = tl.cdiv(seq_len, num_splits)
@@ -332,7 +338,7 @@ def _decode_reduce_kernel(
     n_nodes = tl.cdiv(n_units, GROUP)
     base = (i_b.to(tl.int64) * HQ + i_h) * max_units
     o_p = tl.arange(0, BP)
-    o_d = tl.arange(0, BD)
+    o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
 
     # One pass over chunks of BP nodes in order, rescaling the running sums to the running max
@@ -421,11 +427,12 @@ def _launch(
         DOT_DTYPE=prec.dtype, INPUT_PRECISION=prec.input_precision,
         num_warps=config.num_warps, num_stages=config.num_stages, **_register_cap(config),
     )  # fmt: skip
-    _decode_reduce_kernel[(B, HQ)](
+    columns, nodes = min(bd, _REDUCE_COLUMNS), max(1, _REDUCE_TILE // bd)
+    _decode_reduce_kernel[(B, HQ, bd // columns)](
         out, seq_lens, vs, ws_o, ws_m, ws_l, unit=unit, num_splits=num_splits, max_units=max_units,
         stride_ob=out.stride(0), stride_oh=out.stride(1),
         HQ=HQ, D=D, SPLIT_BY_COUNT=split, GROUP=config.node_blocks if unit == config.block_n else 1, FP8=fp8,
-        BD=bd, BP=max(1, _REDUCE_TILE // bd), num_warps=1 if interpreting() else 8,
+        BD=columns, BP=nodes, num_warps=1 if interpreting() else 8 if nodes * columns >= _REDUCE_TILE else 4,
     )  # fmt: skip
     return out
 
