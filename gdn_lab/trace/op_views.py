@@ -46,6 +46,14 @@ class OpArgs:
     addresses: tuple[str, ...] = ()
     mutated: tuple[str, ...] = ()
 
+    @functools.cached_property
+    def needed(self) -> frozenset[str]:
+        """The arguments these roles read: the op's signature must have them all."""
+        needed = {*self.pools, *self.pools.values(), *self.paged, *self.indptr, *self.addresses}
+        if self.paged:
+            needed |= {"kv_indptr", "kv_indices", "seq_lens", "page_size"}
+        return frozenset(needed)
+
 
 OP_ARGS: dict[str, OpArgs] = {
     "decode_attention": OpArgs(paged=("k_cache", "v_cache"), indptr=("kv_indptr",), addresses=("kv_indices",)),
@@ -81,10 +89,18 @@ def _index(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.arange(n, dtype=torch.int64, device=device), torch.zeros(n, dtype=torch.int64, device=device)
 
 
-def pool_view(pool: torch.Tensor, slots: torch.Tensor) -> RowsView:
-    """Request i's row is pool[slots[i]]: [N, ...]; padding rows (negative slots) are ignored."""
+def slot_rows(slots: torch.Tensor) -> RowsView:
+    """The pool rows `slots` address, as a RowsView of row numbers (padding, a negative slot, reads
+    row 0 and is ignored): what `pool_view` reads through, shared by the pools of one address."""
     ar, zeros = _index(slots.shape[0], slots.device)
-    return RowsView(pool.index_select(0, slots.clamp(min=0).long()), torch.where(slots >= 0, ar, -1), zeros)
+    return RowsView(slots.clamp(min=0).long(), torch.where(slots >= 0, ar, -1), zeros)
+
+
+def pool_view(pool: torch.Tensor, slots: torch.Tensor | RowsView) -> RowsView:
+    """Request i's row is pool[slots[i]]: [N, ...]; padding rows (negative slots) are ignored.
+    `slots` may be given as its `slot_rows`, built once for several pools."""
+    index = slots if isinstance(slots, RowsView) else slot_rows(slots)
+    return RowsView(pool.index_select(0, index.rows), index.seg, index.pos)
 
 
 def paged_view(
@@ -135,19 +151,18 @@ def split_args(
         Views to hash per request by position in the op's batch, and the remaining arguments to hash
         by the layout's leading-dim rule (non-tensors are for the caller to skip).
     """
-    op_args = OP_ARGS.get(op, OpArgs())
-    needed = {*op_args.pools, *op_args.pools.values(), *op_args.paged, *op_args.indptr, *op_args.addresses}
-    if op_args.paged:
-        needed |= {"kv_indptr", "kv_indices", "seq_lens", "page_size"}
-    missing = sorted(needed - set(args))
-    if missing:  # the op's signature changed: the table must follow it, never guess
+    op_args = OP_ARGS.get(op)
+    if op_args is None:  # a plain op (most calls: matmul, rms_norm): every argument by the rule, none mutated
+        return [], [] if after else list(args.items())
+    if not op_args.needed <= args.keys():  # the op's signature changed: the table must follow it, never guess
         raise RuntimeError(
-            f"gdn_lab.trace.op_views: {op} has no argument {', '.join(missing)} (its arguments: {', '.join(args)}); "
-            "update OP_ARGS to the op's public signature"
+            f"gdn_lab.trace.op_views: {op} has no argument {', '.join(sorted(op_args.needed - args.keys()))} "
+            f"(its arguments: {', '.join(args)}); update OP_ARGS to the op's public signature"
         )
     viewed = _batch_size(op_args, args) == num_requests
     views: list[tuple[str, RowsView]] = []
     plain: list[tuple[str, Any]] = []
+    slots: dict[str, RowsView] = {}  # an address's slot_rows, once for all the pools it addresses
     for name, value in args.items():
         if after and name not in op_args.mutated:
             continue
@@ -156,7 +171,10 @@ def split_args(
         if not viewed or not isinstance(value, torch.Tensor):
             plain.append((name, value))
         elif name in op_args.pools:
-            views.append((name, pool_view(value, args[op_args.pools[name]])))
+            address = op_args.pools[name]
+            if address not in slots:
+                slots[address] = slot_rows(args[address])
+            views.append((name, pool_view(value, slots[address])))
         elif name in op_args.paged:
             views.append(
                 (name, paged_view(value, args["kv_indptr"], args["kv_indices"], args["seq_lens"], args["page_size"]))

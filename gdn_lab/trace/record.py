@@ -465,6 +465,19 @@ def _quiet() -> contextlib.AbstractContextManager[Any]:
     return _QuietGrad() if _is_grad_enabled() else _DisableTorchFunction()
 
 
+class _ModeAside:
+    """torch's `_pop_mode_temporarily` without a generator: the function mode on top off the stack
+    inside the block, back on exit (the generator context manager took 1.1 us per lab op on the CPU VM, this 0.3)."""
+
+    __slots__ = ("_mode",)
+
+    def __enter__(self) -> None:
+        self._mode = torch._C._pop_torch_function_stack()
+
+    def __exit__(self, *exc: object) -> None:
+        torch._C._push_on_torch_function_stack(self._mode)
+
+
 @dataclass(slots=True)
 class _Frame:
     entry: Entry
@@ -569,7 +582,7 @@ class _Recorder:
         top) stays, and so does ours beneath it: `labop_depth` passes those calls by."""
         if self.mode is None or torch.overrides._get_current_function_mode() is not self.mode:
             return contextlib.nullcontext()
-        return torch.overrides._pop_mode_temporarily()
+        return _ModeAside()
 
     def before(self, op: str, decision: routing.Decision, args: Mapping[str, Any]) -> None:
         module, parent = self._enclosing()
