@@ -266,6 +266,7 @@ class _Arena:
         self.start = 0  # arena row of the last chunk's first row
         self.fill = 0  # rows used in the last chunk
         self.capacity = 0  # rows of the last chunk
+        self.n_read = 0  # row stages run
         # one (rows, seg, pos, base, whole slot) per use of a tensor's rows: its rows to slots
         # base + seg at positions pos (seg None: none), its whole hash to the whole slot (None: none)
         self.added: list[tuple[Rows, torch.Tensor | None, torch.Tensor | None, int, int | None]] = []
@@ -287,6 +288,7 @@ class _Arena:
             self.fill, self.capacity = 0, chunk.numel()
         if n:
             row_values(words, n, f, self.impl, self.chunks[-1], self.fill)
+        self.n_read += 1
         rows = Rows(self, self.start + self.fill, n, salt)
         self.fill += n
         return rows
@@ -352,9 +354,17 @@ class HashSink:
         self.n_slots = 1
         self._arenas: dict[torch.device, _Arena] = {}
         self._last: _Arena | None = None  # the arena used last
-        self._read: np.ndarray | None = None
-        self.n_tensors = 0  # tensors added
-        self.n_read = 0  # row stages run (tensors read from memory)
+        self._read: tuple[tuple[int, int], np.ndarray] | None = None  # ((n_slots, n_tensors) when read, the hashes)
+
+    @property
+    def n_tensors(self) -> int:
+        """Tensors added (uses of rows)."""
+        return sum(len(a.added) for a in self._arenas.values())
+
+    @property
+    def n_read(self) -> int:
+        """Row stages run (tensors read from memory)."""
+        return sum(a.n_read for a in self._arenas.values())
 
     def slots(self, n: int) -> int:
         base = self.n_slots
@@ -373,7 +383,6 @@ class HashSink:
 
     def rows(self, t: torch.Tensor) -> Rows:
         """Run t's row stage now (its bits as they are), for `add`."""
-        self.n_read += 1
         return self._arena(t.device).rows(t)
 
     def put(self, rows: Rows, seg: torch.Tensor | None, pos: torch.Tensor | None, n_requests: int) -> int:
@@ -381,15 +390,8 @@ class HashSink:
         whole slot, the request slots follow it (the recorder's path: `add` without its keywords)."""
         whole = self.n_slots
         self.n_slots = whole + 1 + (n_requests if seg is not None else 0)
-        self._use(rows, seg, pos, whole + 1, whole)
+        rows.arena.added.append((rows, seg, pos, whole + 1, whole))
         return whole
-
-    def _use(
-        self, rows: Rows, seg: torch.Tensor | None, pos: torch.Tensor | None, base: int, whole: int | None
-    ) -> None:
-        rows.arena.added.append((rows, seg, pos, base, whole))
-        self._read = None
-        self.n_tensors += 1
 
     def add(
         self,
@@ -402,14 +404,16 @@ class HashSink:
     ) -> None:
         """Add t (a tensor, read now, or the Rows of one): its rows to slots base + seg (when seg
         is given; a negative seg drops the row), its whole hash to `whole_slot` (when given)."""
-        self._use(t if type(t) is Rows else self.rows(t), seg, pos, base, whole_slot)
+        rows = t if type(t) is Rows else self.rows(t)
+        rows.arena.added.append((rows, seg, pos, base, whole_slot))
 
     def read(self) -> np.ndarray:
         """Every slot's hash (int64 [n_slots]); one device-to-host copy per device, cached until the next add."""
-        if self._read is None:
+        state = (self.n_slots, self.n_tensors)  # what an add or a slot changes: derived, not kept at every add
+        if self._read is None or self._read[0] != state:
             total = np.zeros(self.n_slots, dtype=np.int64)
             for arena in self._arenas.values():
                 # Each slot is filled on one device; the others hold zeros there.
                 total += arena.reduce(self.n_slots).cpu().numpy()
-            self._read = total
-        return self._read
+            self._read = (state, total)
+        return self._read[1]

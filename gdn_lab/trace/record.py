@@ -320,33 +320,28 @@ class Trace:
         self._kinds[(layout, dtype, shape, device)] = kind
         return kind
 
-    def _read(self, t: torch.Tensor, kind: _Kind) -> Rows:
-        """t's row stage now, into its device's arena."""
-        if kind.flatten:
-            t = t.flatten(0, 1)
-        self._sink.n_read += 1
-        return kind.arena.read(as_words(t, kind.view, kind.cplx), kind.n, kind.f, kind.salt)
-
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1) -> list[TensorRecord]:
         """Hash each tensor. With reuse on, a tensor read by a call that began after entry `since`
         is not read again if torch shows it unchanged (the same object, version counter, data
         pointer, shape, strides and flattening)."""
         records = []
-        kinds, seen, sink, reuse = self._kinds, self._seen, self._sink, self._reuse
+        kinds, seen, put, reuse = self._kinds, self._seen, self._sink.put, self._reuse
+        at = len(self._entries) - 1  # the call reading them
         for path, t in items:
             shape, dtype, device = t.shape, t.dtype, t.device
             kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
+            rows = None
             if reuse:
                 state = (t._version, t.data_ptr(), shape, t.stride(), kind.flatten)
                 hit = seen.get(id(t))
                 if hit is not None and hit[0] > since and hit[2] == state and hit[1]() is t:
                     rows = hit[3]
-                else:
-                    rows = self._read(t, kind)
-                    seen[id(t)] = (len(self._entries) - 1, weakref.ref(t), state, rows)
-            else:
-                rows = self._read(t, kind)
-            whole = sink.put(rows, kind.seg, kind.pos, kind.n_requests)
+            if rows is None:  # the row stage now, into its device's arena
+                words = as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx)
+                rows = kind.arena.read(words, kind.n, kind.f, kind.salt)
+                if reuse:
+                    seen[id(t)] = (at, weakref.ref(t), state, rows)
+            whole = put(rows, kind.seg, kind.pos, kind.n_requests)
             base = -1 if kind.seg is None else whole + 1
             records.append(TensorRecord(path, kind.dims, kind.dtype, kind.alignment, layout, base, whole))
         return records
