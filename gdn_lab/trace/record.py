@@ -432,6 +432,21 @@ def _aliases(outputs: list[tuple[str, torch.Tensor]], inputs: list[tuple[str, to
     return True
 
 
+def _views_of_first(outputs: list[tuple[str, torch.Tensor]], args: tuple) -> bool:
+    """Every output is args[0] or a view of its root: what `_aliases` finds for most aliases (view,
+    transpose, getitem), found without flattening the call's inputs (a third of a forward's calls)."""
+    first = args[0] if args else None
+    if type(first) is not torch.Tensor or not _hashable(first):
+        return False
+    base = first._base
+    root = first if base is None else base
+    for _, t in outputs:
+        base = t._base
+        if (t if base is None else base) is not root:
+            return False
+    return True
+
+
 _DisableTorchFunction = torch._C.DisableTorchFunction
 _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
@@ -617,7 +632,7 @@ class _Recorder:
             return out
         with _quiet():
             outputs = _tensors(out, "out")
-            if not outputs:
+            if not outputs or _views_of_first(outputs, args):
                 return out
             inputs = _tensors(args, "args")
             if kwargs:

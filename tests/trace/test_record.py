@@ -1,6 +1,7 @@
 """record: what it sees (modules, functions, lab ops), when it hashes, and that it leaves nothing behind."""
 
 import copy
+import importlib
 import inspect
 import pickle
 
@@ -405,3 +406,40 @@ def test_lab_op_backends_run_without_the_recorders_mode(monkeypatch):
     names = [e.name for e in tr.entries if e.kind != "module"]
     call = ["Step.torch.eye", "Step.matmul"]  # the backend's silu and @ are not among them
     assert names == [*call, "Step.torch.tanh", *call, *call, "Step.torch.tanh"], names
+
+
+def test_the_alias_shortcut_records_what_the_general_check_records(monkeypatch):
+    """`_views_of_first` (outputs that are args[0] or views of its root) must skip exactly the calls
+    `_aliases` would skip: traces with it and without it are equal; the shortcut was taken, and a
+    control that skips no alias records more."""
+    recorder = importlib.import_module("gdn_lab.trace.record")
+
+    class Views(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            t = x.t()
+            outs = [x.view(-1), t, x[:, 1:], t[1:], x.to(x.dtype), *x.unbind(0), *x.split(2, dim=1), x.view_as(x)]
+            outs += [x.detach(), t.contiguous(), x.contiguous(), self.w.t(), torch.cat([x, x]), x.expand(2, 3, 4)]
+            return torch.add(outs[-1][0], 1.0)
+
+    net, lay, x = Views(), Layout.per_request([0, 1, 2]), torch.randn(3, 4)
+
+    def trace():
+        with record(net, lay, level="ops") as tr:
+            net(x)
+        return [(e.name, e.call_index, [r.path for r in e.inputs + e.outputs]) for e in tr.entries], _hashes(tr)
+
+    shortcut, taken = recorder._views_of_first, []
+    monkeypatch.setattr(
+        recorder, "_views_of_first", lambda outputs, args: taken.append(shortcut(outputs, args)) or taken[-1]
+    )
+    fast = trace()
+    monkeypatch.setattr(recorder, "_views_of_first", lambda outputs, args: False)
+    general = trace()
+    monkeypatch.setattr(recorder, "_aliases", lambda outputs, inputs: False)
+    control = trace()
+    assert fast == general and sum(taken) >= 8  # view, t, the getitems, to, unbind, split, view_as
+    assert len(control[0]) > len(general[0])
