@@ -208,9 +208,11 @@ def test_hf_qwen3_next_torch_path_op_level_names_the_call_inside_the_module_blam
     if r.culprit_name != "model.layers.0.linear_attn.Tensor.sigmoid":
         pytest.skip(f"this CPU's kernels rounded elsewhere (first culprit: {r.culprit_name})")
     assert (r.culprit_kind, r.step, r.culprit_module) == ("function", 0, "model.layers.0.linear_attn")
-    assert not r.bitwise_equal and r.first_diff_step == 0
     assert r.module_culprit == "model.layers.0.linear_attn"
     assert r.first_changed_module == "model.layers.0.linear_attn.out_proj" and not r.first_changed_module_input_equal
+    # whether the change reaches the selected token's logprob is the CPU's rounding too: it did on the
+    # CPU this was written on; on another (an AMD EPYC VM, 2026-12-02) the response stayed equal
+    assert r.bitwise_equal or r.first_diff_step == 0
 
 
 def test_any_hugging_face_causal_lm_built_by_the_caller():
