@@ -211,7 +211,7 @@ def test_hf_qwen3_next_torch_path_op_level_names_the_call_inside_the_module_blam
     assert r.module_culprit == "model.layers.0.linear_attn"
     assert r.first_changed_module == "model.layers.0.linear_attn.out_proj" and not r.first_changed_module_input_equal
     # whether the change reaches the selected token's logprob is the CPU's rounding too: it did on the
-    # CPU this was written on; on another (an AMD EPYC VM, 2026-12-02) the response stayed equal
+    # CPU this was written on (AVX2); on an AVX-512 one (an AMD EPYC VM, 2026-12-02) it stayed equal
     assert r.bitwise_equal or r.first_diff_step == 0
 
 
