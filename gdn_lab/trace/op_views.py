@@ -153,7 +153,7 @@ def split_args(
     """
     op_args = OP_ARGS.get(op)
     if op_args is None:  # a plain op (most calls: matmul, rms_norm): every argument by the rule, none mutated
-        return [], [] if after else list(args.items())
+        return [], ([] if after else list(args.items()))
     if not op_args.needed <= args.keys():  # the op's signature changed: the table must follow it, never guess
         raise RuntimeError(
             f"gdn_lab.trace.op_views: {op} has no argument {', '.join(sorted(op_args.needed - args.keys()))} "

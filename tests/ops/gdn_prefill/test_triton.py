@@ -167,9 +167,9 @@ def test_only_sequences_past_the_threshold_are_cut(device):
 @pytest.mark.parametrize("target", [130, 37], ids=["five-segments", "one-segment"])
 def test_segment_parallel_recurrence_is_bitwise_alone_vs_batched(device, target):
     """Segments start at each sequence's own first token: the target's bits do not follow its batch,
-    among batchmates shorter and longer than it, at any position. Batchmates of one segment and
-    of several; a target of one segment runs from its pool state alone (no sequence of that call
-    can be cut) and through the entering-state launch when batched."""
+    among batchmates shorter and longer than it, of one segment and of several, at any position. A
+    target of one segment runs from its pool state alone (no sequence of that call can be cut) and
+    through the entering-state launch when batched."""
 
     def target_bits(seeds, lengths, pos):
         slots = list(range(len(lengths)))[::-1]
