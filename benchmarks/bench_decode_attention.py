@@ -379,11 +379,9 @@ class Bench:
         except Exception as exc:
             self.row(impl="triton", status="error", note=_err(exc), **base)
             return
-        r, sub = cfg.node_blocks, cfg.sub_blocks
+        r = cfg.node_blocks
         nodes = -(-max_len // cfg.node_tokens)
         plans = [mod.DecodePlan(1, 1), mod.DecodePlan(1, 3), mod.DecodePlan(r, r), mod.DecodePlan(r, r * nodes)]
-        if 1 < sub < r:  # the middle plans: a subnode per program, and three
-            plans[2:2] = [mod.DecodePlan(sub, sub), mod.DecodePlan(sub, 3 * sub)]
         for plan in plans:
             try:
                 out = mod.decode_attention_triton(q, **kw, plan=plan)
@@ -453,10 +451,7 @@ class Bench:
 
 def _cfg(cfg) -> str:
     cap = f" maxnreg={cfg.max_registers}" if cfg.max_registers else ""
-    sub = f" subnode_blocks={cfg.subnode_blocks}" if cfg.subnode_blocks else ""
-    return (
-        f"block_n={cfg.block_n} node_blocks={cfg.node_blocks}{sub} warps={cfg.num_warps} stages={cfg.num_stages}{cap}"
-    )
+    return f"block_n={cfg.block_n} node_blocks={cfg.node_blocks} warps={cfg.num_warps} stages={cfg.num_stages}{cap}"
 
 
 def _plan(plan) -> str:
@@ -484,13 +479,10 @@ def _sweep_configs(mod, d: int, kv: str, smoke: bool) -> list:
 
 
 def _sweep_plans(mod, cfg, B: int, hkv: int, ctx: int, num_sms: int) -> list:
-    """Forced plans around the auto one: fine with spans of 1 and 4 blocks, middle (with a subnode
-    level) with 1 and 2 subnodes, coarse with 1, 4 and all nodes."""
-    r, sub = cfg.node_blocks, cfg.sub_blocks
+    """Forced plans around the auto one: fine with spans of 1 and 4 blocks, coarse with 1, 4 and all nodes."""
+    r = cfg.node_blocks
     nodes = -(-ctx // cfg.node_tokens)
     plans = [mod.DecodePlan(1, 1), mod.DecodePlan(1, 4), mod.DecodePlan(r, r), mod.DecodePlan(r, 4 * r)]
-    if 1 < sub < r:
-        plans[2:2] = [mod.DecodePlan(sub, sub), mod.DecodePlan(sub, 2 * sub)]
     plans.append(mod.DecodePlan(r, r * nodes))
     return list(dict.fromkeys(p for p in plans if p.span_blocks <= r * nodes))
 

@@ -5,27 +5,22 @@ The numbers a request gets are fixed by the request alone (and the per-(head dim
 1. Block j holds the request's tokens j*BN .. j*BN+BN-1. Its softmax state is computed on its own
    (`paged_kv_triton.block_softmax_state`): m_j = max logit (base 2), l_j = sum exp2(s - m_j),
    o_j = sum exp2(s - m_j) v (float32, the GQA query heads of one KV head together).
-2. Subnode s is blocks s*Q .. s*Q+Q-1 (Q = `subnode_blocks`): its state is the left fold of its
-   blocks' states, in order (`paged_kv_triton.fold_softmax_state`). Node n is subnodes
-   n*(R/Q) .. (n+1)*(R/Q)-1 (R = `node_blocks`; 512 or 1024 tokens on the GPU): its state is the
-   left fold of its subnodes' states. With Q = R (the 128-token blocks of D = 128) a node is the
-   left fold of its blocks.
+2. Node n is blocks n*R .. n*R+R-1 (R = `node_blocks`; 512 or 1024 tokens on the GPU): its
+   state is the left fold of its blocks' states, in order (`paged_kv_triton.fold_softmax_state`).
 3. The request's output merges its nodes in a fixed order (`_decode_reduce_kernel`: chunks of BP
    nodes in sequence, a fixed-shape tree inside a chunk; positions past the last node add exact
    zeros; BP depends on D only) and divides by the merged exp-sum.
 
 Who computes what is free, because it never changes an operation: a `DecodePlan` cuts the work
-into programs. `unit` is what a program stores to the float32 workspace (a block's state, a
-subnode's or a node's), `span` how many consecutive units one program walks. A coarse plan (nodes,
-several per program when the batch is large) folds blocks into subnodes and subnodes into nodes in
-registers and writes one row per node; a middle plan writes one row per subnode (the workspace a
-fine plan writes, at a Q-th of the rows), and the reduce folds subnodes into nodes; a fine plan (a
-program per few blocks, for small batches that would leave the GPU idle) writes every block's
-state, and the reduce folds blocks into subnodes and subnodes into nodes. Every fold is the same
-`fold_softmax_state`, in the same order, and the nodes merge with the same code. Folding into the
-empty state is exact, so a block stored alone and a block folded first into a fresh accumulator
-are the same bits. `decode_plan` picks the plan from the batch (its size, KV heads, the grid bound
-and the SM count); tests force every plan on the same inputs and require equal bits.
+into programs. `unit` is what a program stores to the float32 workspace (a block's state, or a
+node's), `span` how many consecutive units one program walks. A coarse plan (nodes, several per
+program when the batch is large) folds blocks into nodes in registers and writes one row per
+node; a fine plan (a program per few blocks, for small batches that would leave the GPU
+idle) writes every block's state, and the reduce folds them into nodes with the same
+`fold_softmax_state`, in the same order, then merges the nodes with the same code. Folding into
+the empty state is exact, so a block stored alone and a block folded first into a fresh
+accumulator are the same bits. `decode_plan` picks the plan from the batch (its size, KV heads,
+the grid bound and the SM count); tests force every plan on the same inputs and require equal bits.
 
 Two launches, as AITER's paged_attention_ragged:
 
@@ -33,7 +28,7 @@ Two launches, as AITER's paged_attention_ragged:
   one request for one KV head, block by block; programs whose span starts at or beyond the
   request's length exit at once.
 - `_decode_reduce_kernel`, grid (B, Hq, D / 64): one program folds one request's stored units into
-  nodes (fine and middle plans), merges the nodes, and writes its 64 columns of the output row (each column's
+  nodes (fine plans), merges the nodes, and writes its 64 columns of the output row (each column's
   sums are its own; the tile shape is fixed per D).
 
 An fp8 (e4m3) cache runs both dots in float16 on the GPU: e4m3 -> fp16 is one packed conversion
@@ -92,10 +87,6 @@ class DecodeConfig:
             fine plan writes G * D * 4 bytes of workspace per block and the reduce folds a node's
             blocks in sequence: with D = 256 (G = 8) that outweighs a coarse plan's idle SMs
             sooner than with D = 128.
-        subnode_blocks: blocks per subnode, a divisor of node_blocks (None: node_blocks, no
-            subnode level); changes the bits.
-        middle_fill: subnodes per SM from which `decode_plan` picks a middle plan (one workspace
-            row per subnode) over a fine one, below coarse_fill (bit-neutral).
     """
 
     block_n: int
@@ -104,27 +95,10 @@ class DecodeConfig:
     num_stages: int
     max_registers: int | None = None
     coarse_fill: float = 0.5
-    subnode_blocks: int | None = None
-    middle_fill: float = 0.5
-
-    def __post_init__(self) -> None:
-        sub = self.subnode_blocks
-        if sub is not None and (sub <= 0 or self.node_blocks % sub):
-            raise ValueError(f"subnode_blocks: {sub} does not divide node_blocks (={self.node_blocks})")
 
     @property
     def node_tokens(self) -> int:
         return self.block_n * self.node_blocks
-
-    @property
-    def sub_blocks(self) -> int:
-        """Blocks per subnode (node_blocks when the config has no subnode level)."""
-        return self.subnode_blocks or self.node_blocks
-
-    @property
-    def units(self) -> tuple[int, ...]:
-        """The unit sizes a plan may store, in blocks: a block, a subnode (when it is neither), a node."""
-        return tuple(sorted({1, self.sub_blocks, self.node_blocks}))
 
 
 @dataclass(frozen=True)
@@ -132,9 +106,8 @@ class DecodePlan:
     """How one call's work is cut into programs; it never changes a result bit.
 
     Attributes:
-        unit_blocks: blocks per stored workspace row: 1 (fine: every block's state), the config's
-            subnode_blocks (middle: subnode states) or node_blocks (coarse: node states folded in
-            registers).
+        unit_blocks: blocks per stored workspace row: 1 (fine: every block's state) or the
+            config's node_blocks (coarse: node states folded in registers).
         span_blocks: blocks one program walks, a positive multiple of unit_blocks.
     """
 
@@ -154,7 +127,11 @@ class DecodePlan:
 # - 16-bit D = 256: 64-token blocks, 8 warps, one buffer, 128 registers (one spilled reload per
 #   block): 2 programs per SM, 64 KB each in flight (169 uncapped registers allow only one).
 #   512- and 256-token nodes made small batches faster and large ones slower than the control
-#   (an H200 probe of 2026-12-02 at B 1..256, ctx 1k..16k);
+#   (an H200 probe of 2026-12-02 at B 1..256, ctx 1k..16k). So did a level of 256-token
+#   subnodes inside the 1024-token nodes (commit 20c6a81, reverted): plans storing a subnode per
+#   row took B = 8, ctx 4k from 0.81-0.84 to 0.88-0.92 of the control, but the coarse plans'
+#   second accumulator under the 128-register cap made them 4-17 % slower (fp8 the most), and
+#   31 of 60 D = 256 cases met the control target instead of 43 (H200, both in one run);
 # - fp8 D = 256: 8 warps capped at 128 registers and two buffers (the e4m3 -> fp16 conversions
 #   need registers);
 # - fp32 operands: IEEE FMA products hold whole operand tiles in registers: one stage, 8 warps.
@@ -163,16 +140,16 @@ class DecodePlan:
 _GPU_CONFIGS = {
     (64, "16bit"): DecodeConfig(64, 16, 4, 5, 128),
     (128, "16bit"): DecodeConfig(128, 4, 4, 3, coarse_fill=1.0),
-    (256, "16bit"): DecodeConfig(64, 16, 8, 3, 128, coarse_fill=1.0, subnode_blocks=4, middle_fill=1.0),
+    (256, "16bit"): DecodeConfig(64, 16, 8, 3, 128),
     (64, "fp8"): DecodeConfig(64, 16, 4, 5),
     (128, "fp8"): DecodeConfig(128, 4, 4, 5, coarse_fill=1.0),
-    (256, "fp8"): DecodeConfig(64, 16, 8, 5, 128, coarse_fill=1.0, subnode_blocks=4, middle_fill=1.0),
+    (256, "fp8"): DecodeConfig(64, 16, 8, 5, 128),
     (64, "fp32"): DecodeConfig(32, 32, 8, 1),
     (128, "fp32"): DecodeConfig(32, 32, 8, 1),
     (256, "fp32"): DecodeConfig(32, 32, 8, 1),
 }
-# Small nodes under the interpreter, so tiny tests cross subnode and node edges (128 and 256 tokens).
-_INTERPRETER_CONFIG = DecodeConfig(64, 4, 1, 1, subnode_blocks=2)
+# Small nodes under the interpreter, so tiny tests cross node edges (256 tokens).
+_INTERPRETER_CONFIG = DecodeConfig(64, 4, 1, 1)
 
 # Plan policy (bit-neutral): coarse once the batch has at least the config's coarse_fill nodes
 # per SM; a coarse plan's programs then walk as many nodes each as keep PROGRAMS_PER_SM programs
@@ -208,9 +185,8 @@ def decode_plan(batch: int, num_kv_heads: int, max_len: int, num_sms: int, confi
 
     Coarse (a node per stored row) when the batch holds at least `config.coarse_fill` nodes per
     SM, with the most nodes per program (a divisor of the request's nodes) that keep
-    PROGRAMS_PER_SM programs per SM; else middle (a subnode per stored row) when it holds at least
-    `config.middle_fill` subnodes per SM, else fine (every block stored), each with the fewest
-    units per program (a divisor of a node's units) that keep at most PROGRAMS_PER_SM.
+    PROGRAMS_PER_SM programs per SM; else fine (every block stored), with the fewest blocks per
+    program (a divisor of a node's blocks) that keep at most PROGRAMS_PER_SM.
     """
     pairs = batch * num_kv_heads
     n_blocks = triton.cdiv(max_len, config.block_n)
@@ -219,12 +195,8 @@ def decode_plan(batch: int, num_kv_heads: int, max_len: int, num_sms: int, confi
     if pairs * n_nodes >= config.coarse_fill * num_sms:
         most = max(1, pairs * n_nodes // slots)
         return DecodePlan(config.node_blocks, _divisor_from(n_nodes, min(most, n_nodes), -1) * config.node_blocks)
-    unit = config.sub_blocks
-    if not 1 < unit < config.node_blocks or pairs * triton.cdiv(n_blocks, unit) < config.middle_fill * num_sms:
-        unit = 1
-    per_node = config.node_blocks // unit
-    least = max(1, -(-pairs * triton.cdiv(n_blocks, unit) // slots))
-    return DecodePlan(unit, _divisor_from(per_node, min(least, per_node), 1) * unit)
+    least = max(1, -(-pairs * n_blocks // slots))
+    return DecodePlan(1, _divisor_from(config.node_blocks, min(least, config.node_blocks), 1))
 
 
 def _divisor_from(n: int, start: int, step: int) -> int:
@@ -237,11 +209,8 @@ def _divisor_from(n: int, start: int, step: int) -> int:
 
 
 def _check_plan(plan: DecodePlan, config: DecodeConfig) -> None:
-    if plan.unit_blocks not in config.units:
-        raise ValueError(
-            f"plan.unit_blocks: {plan.unit_blocks} is not a block, a subnode or a node of the config; "
-            f"accepted: {', '.join(map(str, config.units))}"
-        )
+    if plan.unit_blocks not in (1, config.node_blocks):
+        raise ValueError(f"plan.unit_blocks: {plan.unit_blocks} is not 1 or node_blocks (={config.node_blocks})")
     if plan.span_blocks <= 0 or plan.span_blocks % plan.unit_blocks:
         raise ValueError(
             f"plan.span_blocks: {plan.span_blocks} is not a positive multiple of unit_blocks (={plan.unit_blocks})"
@@ -278,8 +247,6 @@ def _decode_partition_kernel(
     D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     SPLIT_BY_COUNT: tl.constexpr,
-    SUB: tl.constexpr,
-    HAS_SUB: tl.constexpr,
     BH: tl.constexpr,
     BD: tl.constexpr,
     BN: tl.constexpr,
@@ -315,12 +282,9 @@ def _decode_partition_kernel(
     # Workspace rows: (request, query head, unit); the offsets' divisibility is D's alone.
     rows = (i_b.to(tl.int64) * HQ + heads) * max_units
 
-    # acc: the unit (or, with a subnode level, the subnode) being folded; node: the node being
-    # folded from subnodes (coarse plans with a subnode level only).
     acc_m = tl.full([BH], float("-inf"), tl.float32)
     acc_l = tl.zeros([BH], tl.float32)
     acc_o = tl.zeros([BH, BD], tl.float32)
-    node_m, node_l, node_o = acc_m, acc_l, acc_o
     for n0 in range(start, end, BN):
         pos = n0 + o_n
         m_n = pos < end
@@ -336,38 +300,14 @@ def _decode_partition_kernel(
         b_m, b_l, b_o = block_softmax_state(b_q, b_k, b_v, m_n[None, :], scale, DOT_DTYPE, INPUT_PRECISION)
         acc_m, acc_l, acc_o = fold_softmax_state(acc_m, acc_l, acc_o, b_m, b_l, b_o)
         n1 = n0 + BN
-        last = n1 >= end
-        if HAS_SUB and not SPLIT_BY_COUNT:
-            if (unit > SUB) & ((n1 % SUB == 0) | last):  # a subnode of a coarse unit ends: into the node
-                node_m, node_l, node_o = fold_softmax_state(node_m, node_l, node_o, acc_m, acc_l, acc_o)
-                acc_m = tl.full([BH], float("-inf"), tl.float32)
-                acc_l = tl.zeros([BH], tl.float32)
-                acc_o = tl.zeros([BH, BD], tl.float32)
-                if (n1 % unit == 0) | last:
-                    _store_state(
-                        ws_m_ptr, ws_l_ptr, ws_o_ptr, rows + n0 // unit, node_m, node_l, node_o, m_h, o_d, m_d, D
-                    )
-                    node_m = tl.full([BH], float("-inf"), tl.float32)
-                    node_l = tl.zeros([BH], tl.float32)
-                    node_o = tl.zeros([BH, BD], tl.float32)
-            if (unit <= SUB) & ((n1 % unit == 0) | last):  # a block or subnode unit ends: store it
-                _store_state(ws_m_ptr, ws_l_ptr, ws_o_ptr, rows + n0 // unit, acc_m, acc_l, acc_o, m_h, o_d, m_d, D)
-                acc_m = tl.full([BH], float("-inf"), tl.float32)
-                acc_l = tl.zeros([BH], tl.float32)
-                acc_o = tl.zeros([BH, BD], tl.float32)
-        elif (n1 % unit == 0) | last:  # the unit ends here: store it, start the next empty
-            _store_state(ws_m_ptr, ws_l_ptr, ws_o_ptr, rows + n0 // unit, acc_m, acc_l, acc_o, m_h, o_d, m_d, D)
+        if (n1 % unit == 0) | (n1 >= end):  # the unit ends here: store it, start the next empty
+            row = rows + n0 // unit
+            tl.store(ws_m_ptr + row, acc_m, mask=m_h)
+            tl.store(ws_l_ptr + row, acc_l, mask=m_h)
+            tl.store(ws_o_ptr + row[:, None] * D + o_d[None, :], acc_o, mask=m_h[:, None] & m_d[None, :])
             acc_m = tl.full([BH], float("-inf"), tl.float32)
             acc_l = tl.zeros([BH], tl.float32)
             acc_o = tl.zeros([BH, BD], tl.float32)
-
-
-@triton.jit
-def _store_state(ws_m_ptr, ws_l_ptr, ws_o_ptr, row, b_m, b_l, b_o, m_h, o_d, m_d, D: tl.constexpr):
-    """Store a unit's state (m, l [BH]; o [BH, BD]) at workspace rows `row`."""
-    tl.store(ws_m_ptr + row, b_m, mask=m_h)
-    tl.store(ws_l_ptr + row, b_l, mask=m_h)
-    tl.store(ws_o_ptr + row[:, None] * D + o_d[None, :], b_o, mask=m_h[:, None] & m_d[None, :])
 
 
 @triton.jit(do_not_specialize=["unit", "num_splits", "max_units"])
@@ -386,8 +326,7 @@ def _decode_reduce_kernel(
     HQ: tl.constexpr,
     D: tl.constexpr,
     SPLIT_BY_COUNT: tl.constexpr,
-    PER_SUB: tl.constexpr,
-    PER_NODE: tl.constexpr,
+    GROUP: tl.constexpr,
     FP8: tl.constexpr,
     BD: tl.constexpr,
     BP: tl.constexpr,
@@ -399,10 +338,9 @@ def _decode_reduce_kernel(
     if SPLIT_BY_COUNT:
         unit = tl.cdiv(seq_len, num_splits)
     n_units = tl.cdiv(seq_len, unit)
-    # A fine plan stored blocks (PER_SUB stored units per subnode: subnode_blocks, else 1), a fine
-    # or middle plan subnodes' worth (PER_NODE subnodes per node, else 1): fold each subnode's
-    # blocks, then each node's subnodes, in order, as a program would have folded them.
-    n_nodes = tl.cdiv(n_units, PER_SUB * PER_NODE)
+    # A fine plan stored blocks (GROUP = node_blocks, else 1): fold each node's blocks first, in
+    # order, as a program would have folded them.
+    n_nodes = tl.cdiv(n_units, GROUP)
     base = (i_b.to(tl.int64) * HQ + i_h) * max_units
     o_p = tl.arange(0, BP)
     o_d = i_d * BD + tl.arange(0, BD)
@@ -418,25 +356,20 @@ def _decode_reduce_kernel(
         c_m = tl.full([BP], float("-inf"), tl.float32)
         c_l = tl.zeros([BP], tl.float32)
         c_o = tl.zeros([BP, BD], tl.float32)
-        # Unrolled (the groups are constants), so the compiler issues the units' loads ahead of
-        # their folds: a runtime loop waited for each load in turn, and at one request 16 such
-        # waits were most of the call. The compiled variants (one per plan kind) must merge nodes
-        # with the same arithmetic; one kernel with runtime groups guaranteed it, so the plan tests
-        # and the benchmark's `plans` and invariance rows check it on each GPU (a masked unroll in
-        # one kernel, tried in an H200 probe, slowed coarse plans at large batches).
-        for j in tl.static_range(PER_NODE):
-            if PER_SUB == 1:
-                e_m, e_l, e_o = _load_state(
-                    ws_m_ptr, ws_l_ptr, ws_o_ptr, base, nodes * PER_NODE + j, n_units, o_d, m_d, D
-                )
-            else:
-                e_m = tl.full([BP], float("-inf"), tl.float32)
-                e_l = tl.zeros([BP], tl.float32)
-                e_o = tl.zeros([BP, BD], tl.float32)
-                for r in tl.static_range(PER_SUB):
-                    u = (nodes * PER_NODE + j) * PER_SUB + r
-                    s_m, s_l, s_o = _load_state(ws_m_ptr, ws_l_ptr, ws_o_ptr, base, u, n_units, o_d, m_d, D)
-                    e_m, e_l, e_o = fold_softmax_state(e_m, e_l, e_o, s_m, s_l, s_o)
+        # Unrolled (GROUP is a constant), so the compiler issues the blocks' loads ahead of their
+        # folds: a runtime loop waited for each load in turn, and at one request 16 such waits
+        # were most of the call. The two compiled variants (GROUP 1 and node_blocks) must merge
+        # nodes with the same arithmetic; one kernel with a runtime group guaranteed it, so the
+        # plan tests and the benchmark's `plans` and invariance rows check it on each GPU (a
+        # masked unroll in one kernel, tried in an H200 probe, slowed coarse plans at large batches).
+        for r in tl.static_range(GROUP):
+            u = nodes * GROUP + r
+            m_u = u < n_units
+            e_m = tl.load(ws_m_ptr + base + u, mask=m_u, other=float("-inf"))
+            e_l = tl.load(ws_l_ptr + base + u, mask=m_u, other=0.0)
+            e_o = tl.load(
+                ws_o_ptr + (base + u)[:, None] * D + o_d[None, :], mask=m_u[:, None] & m_d[None, :], other=0.0
+            )
             c_m, c_l, c_o = fold_softmax_state(c_m, c_l, c_o, e_m, e_l, e_o)
         b_max_new = tl.maximum(b_max, tl.max(c_m, 0))
         alpha = tl.exp2(b_max - b_max_new)
@@ -449,26 +382,6 @@ def _decode_reduce_kernel(
         b_out = b_out * tl.load(v_scale_ptr)
     p_out = out_ptr + i_b.to(tl.int64) * stride_ob + i_h * stride_oh + o_d
     tl.store(p_out, b_out.to(out_ptr.dtype.element_ty), mask=m_d)
-
-
-@triton.jit
-def _load_state(ws_m_ptr, ws_l_ptr, ws_o_ptr, base, u, n_units, o_d, m_d, D: tl.constexpr):
-    """The stored states of units `u` (the empty state past the request's last unit)."""
-    m_u = u < n_units
-    e_m = tl.load(ws_m_ptr + base + u, mask=m_u, other=float("-inf"))
-    e_l = tl.load(ws_l_ptr + base + u, mask=m_u, other=0.0)
-    e_o = tl.load(ws_o_ptr + (base + u)[:, None] * D + o_d[None, :], mask=m_u[:, None] & m_d[None, :], other=0.0)
-    return e_m, e_l, e_o
-
-
-def _groups(unit: int, config: DecodeConfig) -> tuple[int, int]:
-    """(stored units per subnode, subnodes per node) the reduce folds for a plan's unit (tokens;
-    0: the control, whose units are merged as nodes)."""
-    blocks = unit // config.block_n if unit else config.node_blocks
-    per_node = config.node_blocks // config.sub_blocks
-    if blocks == config.node_blocks:
-        return 1, 1
-    return (config.sub_blocks if blocks == 1 else 1), per_node
 
 
 def _launch(
@@ -515,16 +428,15 @@ def _launch(
         stride_kp=k_cache.stride(0), stride_kt=k_cache.stride(1), stride_kh=k_cache.stride(2),
         stride_vp=v_cache.stride(0), stride_vt=v_cache.stride(1), stride_vh=v_cache.stride(2),
         HQ=HQ, G=G, D=D, PAGE_SIZE=page_size, SPLIT_BY_COUNT=split,
-        SUB=config.sub_blocks * config.block_n, HAS_SUB=config.sub_blocks < config.node_blocks, BH=pow2_at_least(G), BD=bd, BN=config.block_n, FP8=fp8,
+        BH=pow2_at_least(G), BD=bd, BN=config.block_n, FP8=fp8,
         DOT_DTYPE=prec.dtype, INPUT_PRECISION=prec.input_precision,
         num_warps=config.num_warps, num_stages=config.num_stages, **_register_cap(config),
     )  # fmt: skip
     columns, nodes = min(bd, _REDUCE_COLUMNS), max(1, _REDUCE_TILE // bd)
-    per_sub, per_node = _groups(unit, config)
     _decode_reduce_kernel[(B, HQ, bd // columns)](
         out, seq_lens, vs, ws_o, ws_m, ws_l, unit=unit, num_splits=num_splits, max_units=max_units,
         stride_ob=out.stride(0), stride_oh=out.stride(1),
-        HQ=HQ, D=D, SPLIT_BY_COUNT=split, PER_SUB=per_sub, PER_NODE=per_node, FP8=fp8,
+        HQ=HQ, D=D, SPLIT_BY_COUNT=split, GROUP=config.node_blocks if unit == config.block_n else 1, FP8=fp8,
         BD=columns, BP=nodes, num_warps=1 if interpreting() else 8 if nodes * columns >= _REDUCE_TILE else 4,
     )  # fmt: skip
     return out

@@ -1,11 +1,10 @@
 """The decode kernel's plans (how work is cut into programs) never change a bit, and the auto plan follows the batch.
 
-A request's numbers are fixed by its blocks (block_n tokens), subnodes (subnode_blocks blocks) and
-nodes (node_blocks blocks); a plan only decides which program computes and stores what. Every plan
-on the same inputs must give the same bits, and a target must keep its bits when its batchmates
-move the plan from fine to middle to coarse. Lengths sit at and around every edge the structure
-names, under the interpreter's config (64-token blocks, 128-token subnodes, 256-token nodes): 1,
-63-65, 127-129, 255-257, 511-513, beyond two nodes.
+A request's numbers are fixed by its blocks (block_n tokens) and nodes (node_blocks blocks); a
+plan only decides which program computes and stores what. Every plan on the same inputs must give
+the same bits, and a target must keep its bits when its batchmates move the plan from fine to
+coarse. Lengths sit at and around every edge the structure names, under the interpreter's config
+(64-token blocks, 256-token nodes): 1, 63-65, 255-257, 511-513, beyond two nodes.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from gdn_lab.ops.decode_attention import reference
 from gdn_lab.routing import get
 
 OP = "decode_attention"
-EDGES = (1, 63, 64, 65, 127, 128, 129, 255, 256, 257, 513)
+EDGES = (1, 63, 64, 65, 255, 256, 257, 513)
 HEADS = (4, 2, 64)
 
 
@@ -31,16 +30,13 @@ def _kernels():
 
 
 def _plans(cfg, max_len: int) -> list:
-    """Every kind of plan: fine with spans of 1..R+1 blocks, middle with spans of 1 and 3
-    subnodes, coarse with spans of 1 and all nodes."""
+    """Every kind of plan: fine with spans of 1..R blocks, coarse with spans of 1, 2 and all nodes."""
     k = _kernels()
-    r, q = cfg.node_blocks, cfg.sub_blocks
-    assert 1 < q < r, "the interpreter's config has a subnode level"
+    r = cfg.node_blocks
     nodes = -(-max_len // cfg.node_tokens)
     fine = [k.DecodePlan(1, s) for s in sorted({1, 3, r + 1})]
-    middle = [k.DecodePlan(q, q), k.DecodePlan(q, 3 * q)]
     coarse = [k.DecodePlan(r, r * s) for s in sorted({1, nodes})]
-    return fine + middle + coarse
+    return fine + coarse
 
 
 @pytest.mark.parametrize(
@@ -81,27 +77,12 @@ def test_auto_plan_follows_the_batch():
     # Spans never exceed the request (coarse) or a node (fine).
     assert k.decode_plan(4096, 8, 1024, 132, cfg) == k.DecodePlan(16, 16)
     assert k.decode_plan(1, 1, 256 * 1024, 10_000, cfg).span_blocks <= 16
-    # With 256-token subnodes: subnodes between too few blocks and enough nodes.
-    sub = k.DecodeConfig(64, 16, 8, 3, coarse_fill=1.0, subnode_blocks=4, middle_fill=1.0)
-    assert k.decode_plan(1, 2, 1024, 132, sub) == k.DecodePlan(1, 1)
-    assert k.decode_plan(8, 2, 4096, 132, sub) == k.DecodePlan(4, 4)
-    assert k.decode_plan(64, 2, 1024, 132, sub) == k.DecodePlan(4, 8)
-    assert k.decode_plan(256, 2, 1024, 132, sub) == k.DecodePlan(16, 16)
 
 
-def test_a_subnode_must_divide_the_node():
-    with pytest.raises(ValueError, match="subnode_blocks: 3 does not divide node_blocks"):
-        _kernels().DecodeConfig(64, 16, 8, 3, subnode_blocks=3)
-
-
-@pytest.mark.parametrize(
-    ("coarse_fill", "subnode_blocks"), [(0.5, None), (1.0, None), (1.0, 4)], ids=["fill0.5", "fill1", "subnodes"]
-)
-def test_auto_spans_divide_the_work_and_keep_two_programs_per_sm(coarse_fill, subnode_blocks):
+@pytest.mark.parametrize("coarse_fill", [0.5, 1.0])
+def test_auto_spans_divide_the_work_and_keep_two_programs_per_sm(coarse_fill):
     k = _kernels()
     cfg = k.DecodeConfig(128, 4, 4, 3, coarse_fill=coarse_fill)  # 512-token nodes
-    if subnode_blocks:  # 1024-token nodes of 256-token subnodes
-        cfg = k.DecodeConfig(64, 16, 8, 3, coarse_fill=coarse_fill, subnode_blocks=subnode_blocks, middle_fill=1.0)
     sms, slots = 132, k.PROGRAMS_PER_SM * 132
     rng = random.Random(0)
     lengths = [1, 127, 128, 511, 512, 513, 1024, 4096, 12345, 16384, 65536] + [
@@ -112,28 +93,23 @@ def test_auto_spans_divide_the_work_and_keep_two_programs_per_sm(coarse_fill, su
         pairs, blocks = batch * heads, -(-max_len // cfg.block_n)
         nodes = -(-blocks // cfg.node_blocks)
         where = f"batch={batch} heads={heads} max_len={max_len}: {plan}"
-        subs = -(-blocks // cfg.sub_blocks)
-        if plan.unit_blocks < cfg.node_blocks:
+        if plan.unit_blocks == 1:
             assert pairs * nodes < coarse_fill * sms, where
-            u = plan.unit_blocks
-            # middle once the subnodes fill the SMs, else fine
-            middle = 1 < cfg.sub_blocks < cfg.node_blocks and pairs * subs >= cfg.middle_fill * sms
-            assert u == (cfg.sub_blocks if middle else 1), where
-            per_node, per, units = cfg.node_blocks // u, plan.span_blocks // u, -(-blocks // u)
-            assert plan.span_blocks % u == 0 and per_node % per == 0, where
-            # the fewest units per program that keep at most two programs per SM (or a whole node)
-            assert pairs * -(-units // per) <= slots or per == per_node, where
-            if per > 1:
-                smaller = max(d for d in range(1, per) if per_node % d == 0)
-                assert pairs * -(-units // smaller) > slots, where
+            assert cfg.node_blocks % plan.span_blocks == 0, where
+            programs = pairs * -(-blocks // plan.span_blocks)
+            # the fewest blocks per program that keep at most two programs per SM (or a whole node)
+            assert programs <= slots or plan.span_blocks == cfg.node_blocks, where
+            if plan.span_blocks > 1:
+                smaller = max(d for d in range(1, plan.span_blocks) if cfg.node_blocks % d == 0)
+                assert pairs * -(-blocks // smaller) > slots, where
         else:
             assert plan.unit_blocks == cfg.node_blocks and pairs * nodes >= coarse_fill * sms, where
             per = plan.span_blocks // cfg.node_blocks
             assert nodes % per == 0, where
             # the most nodes per program that keep two programs per SM (or one node each)
             assert per == 1 or pairs * nodes // per >= slots, where
-    if subnode_blocks is None:  # between the two thresholds: fine under one config, coarse under the other
-        assert k.decode_plan(8, 8, 1024, sms, cfg).unit_blocks == (1 if coarse_fill == 1.0 else cfg.node_blocks)
+    # Between the two thresholds the same batch is fine under one config and coarse under the other.
+    assert k.decode_plan(8, 8, 1024, sms, cfg).unit_blocks == (1 if coarse_fill == 1.0 else cfg.node_blocks)
 
 
 def test_bad_plan_is_refused(attention_args, device):
@@ -141,15 +117,14 @@ def test_bad_plan_is_refused(attention_args, device):
     args = attention_args(OP, [(5, 0)], HEADS, device=device)
     cfg = k.decode_config(HEADS[2], torch.float32, torch.float32)
     with pytest.raises(ValueError, match="unit_blocks"):
-        k.decode_attention_triton(**args, plan=k.DecodePlan(3, 3))
+        k.decode_attention_triton(**args, plan=k.DecodePlan(2, 2))
     with pytest.raises(ValueError, match="span_blocks"):
         k.decode_attention_triton(**args, plan=k.DecodePlan(cfg.node_blocks, cfg.node_blocks + 1))
 
 
-@pytest.mark.parametrize("target_len", [1, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513])
+@pytest.mark.parametrize("target_len", [1, 63, 64, 65, 255, 256, 257, 511, 512, 513])
 def test_target_keeps_its_bits_when_the_plan_moves(attention_args, device, target_len):
-    """Alone (a fine or middle plan) vs among longer and shorter batchmates at a random position
-    (coarse plan)."""
+    """Alone (fine plan) vs among longer and shorter batchmates at a random position (coarse plan)."""
     k = _kernels()
     rng = random.Random(target_len)
     mates = [(rng.choice([1, 40, 300, 600, 900]), 100 + i) for i in range(3)]
@@ -160,11 +135,10 @@ def test_target_keeps_its_bits_when_the_plan_moves(attention_args, device, targe
     alone = attention_args(OP, [target], HEADS, **opts)
     batched = attention_args(OP, reqs, HEADS, placement_seed=target_len, **opts)
     cfg = k.decode_config(HEADS[2], torch.float32, torch.float32)
-    sms = 16  # the plan's SM count: the lone target stays fine (middle from 511 tokens), the batch turns coarse
+    sms = 16  # the plan's SM count: the lone target stays fine, the batch turns coarse
     plan_alone = k.decode_plan(1, HEADS[1], target_len, sms, cfg)
     plan_batched = k.decode_plan(len(reqs), HEADS[1], max(n for n, _ in reqs), sms, cfg)
-    assert plan_alone.unit_blocks == (cfg.sub_blocks if target_len >= 511 else 1)
-    assert plan_batched.unit_blocks == cfg.node_blocks
+    assert plan_alone.unit_blocks == 1 and plan_batched.unit_blocks == cfg.node_blocks
     run = get(OP, "triton").run
     out_alone = run(**alone, num_sms=sms)
     out_batched = run(**batched, num_sms=sms)
