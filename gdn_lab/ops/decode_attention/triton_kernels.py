@@ -129,9 +129,10 @@ class DecodePlan:
 #   512- and 256-token nodes made small batches faster and large ones slower than the control
 #   (an H200 probe of 2026-12-02 at B 1..256, ctx 1k..16k). So did a level of 256-token
 #   subnodes inside the 1024-token nodes (commit 20c6a81, reverted): plans storing a subnode per
-#   row took B = 8, ctx 4k from 0.81-0.84 to 0.88-0.92 of the control, but the coarse plans'
-#   second accumulator under the 128-register cap made them 4-17 % slower (fp8 the most), and
-#   31 of 60 D = 256 cases met the control target instead of 43 (H200, both in one run);
+#   row took B = 8, ctx 4k from 0.81-0.84 to 0.88-0.92 of the control, but the coarse plans,
+#   with a second accumulator under the 128-register cap (its spills not counted), were 4-17 %
+#   slower (fp8 the most), and 31 of 60 D = 256 cases met the control target instead of 43
+#   (H200, both in one run);
 # - fp8 D = 256: 8 warps capped at 128 registers and two buffers (the e4m3 -> fp16 conversions
 #   need registers);
 # - fp32 operands: IEEE FMA products hold whole operand tiles in registers: one stage, 8 warps.
