@@ -15,7 +15,7 @@ that only the state recurrence walks a sequence, segment by segment:
    chunks, whose entering states come from the segments' affine maps (the same kernel, TRANSFER)
    through `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence), and a
    call in which no sequence can be cut is the state kernel alone (FROM_POOL).
-3. `_output_kernel`, one program per (chunk, value head): o = exp(G) (q S_c) +
+3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values): o = exp(G) (q S_c) +
    (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
 
 The fused layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) launches the same state kernel
@@ -203,18 +203,20 @@ def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, HV: tl.constexpr, V: tl.conste
 
 @triton.jit
 def chunk_output(
-    qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h,
+    qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, o_v,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, V] float32 rows of chunk i_c.
+    """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, len(o_v)] float32
+    rows of chunk i_c, at the value columns o_v.
 
-    Rows outside m_live, and every row of a padding sequence (live False), read zeros.
+    Rows outside m_live, and every row of a padding sequence (live False), read zeros. A column's
+    values are the same whichever columns it is computed with (each output column's sums run over
+    the same keys and tokens in the same order).
     """
     R: tl.constexpr = HV // HK
     i_kh = i_h // R
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)
-    o_v = tl.arange(0, V)
     incl = o_t[:, None] >= o_t[None, :]
     p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
     b_q = tl.load(qs + p_qk, mask=m_live[:, None], other=0.0)
@@ -445,21 +447,22 @@ def _output_kernel(
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
+    BV: tl.constexpr,
     BT: tl.constexpr,
     IO_MANT: tl.constexpr,
     IO_TINY: tl.constexpr,
     IO_MAGIC: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = tl.load(chunk_seq + i_c)
     if n >= N:
         return
     live = tl.load(slots + n) >= 0  # padding rows get zeros
     _, length, _, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     m_live = p < tl.where(live, length, 0)  # (a scalar boolean cannot mask a block in the interpreter)
-    o_v = tl.arange(0, V)
-    b_o = chunk_output(qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, HK, HV, K, V, BT, PREC)
+    o_v = i_v * BV + tl.arange(0, BV)
+    b_o = chunk_output(qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, PREC)
     b_o = round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
     tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
 
@@ -467,6 +470,11 @@ def _output_kernel(
 # --- host --------------------------------------------------------------------------------------
 
 STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
+# the output kernel's V tile and warps (fixed per shape): 64 values at 4 warps took 0.74-0.78x the
+# time of the whole row at 8 on the H200, 32 values 1.1x, 2 warps 1.6-2x; every tiling gave the
+# same bits (scratch probe of 727f5c4 at 16k and 64k tokens, 1 to 16 sequences)
+OUTPUT_BLOCK_V = 64
+OUTPUT_WARPS = 4
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
 SEGMENT_FROM = 16384  # a sequence of more tokens than this is split into segments (never per batch)
 
@@ -732,20 +740,21 @@ def run_output_kernel(
     cu_seqlens: torch.Tensor,
     slots: torch.Tensor,
     num_k_heads: int,
-    num_warps: int | None = None,
+    block_v: int = OUTPUT_BLOCK_V,
+    num_warps: int = OUTPUT_WARPS,
     num_stages: int | None = None,
 ):
-    """Launch 3, every chunk at once: out ([T, HV, V]) from run's scratch and chunk states. The
-    launch options are for the kernel probe, as `run_prepare_kernel`'s."""
+    """Launch 3, every chunk and V tile at once: out ([T, HV, V]) from run's scratch and chunk
+    states. The tile and launch options are for the kernel probe, as `run_prepare_kernel`'s."""
     HV, V = out.shape[1], out.shape[2]
     K = run.scratch.qs.shape[2]
     s = run.scratch
-    warps = num_warps_for(K * V) if num_warps is None else num_warps
-    _output_kernel[(run.plan.max_chunks, HV)](
+    bv = min(V, block_v)
+    _output_kernel[(run.plan.max_chunks, HV, V // bv)](
         qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
-        HK=num_k_heads, HV=HV, K=K, V=V, BT=run.plan.chunk_size, **grid_args("IO", out.dtype), PREC=run.prec,
-        **_launch_options(warps, num_stages),
+        HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, **grid_args("IO", out.dtype), PREC=run.prec,
+        **_launch_options(num_warps, num_stages),
     )  # fmt: skip
 
 

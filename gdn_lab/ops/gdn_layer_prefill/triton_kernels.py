@@ -293,7 +293,7 @@ def _layer_output_kernel(
     for i_hh in tl.static_range(HPG):
         i_h = i_g * HPG + i_hh
         i_kh = i_h // R
-        b_o = chunk_output(qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, HK, HV, K, V, BT, PREC)
+        b_o = chunk_output(qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, PREC)
         # gated RMSNorm with z
         base = i_kh * (2 * K + 2 * R * V)
         z_col = base + 2 * K + R * V + (i_h % R) * V + o_v
