@@ -7,7 +7,7 @@ sequence of one segment takes the last launch alone), and the chunk-parallel out
 backend's own launch functions on the bench's inputs (benchmarks/bench_gdn_prefill.py), the whole
 backend call beside them, the state recurrence at other segment lengths (`serial`: one segment per
 sequence), V tiles, warp counts and pipeline stages, and the chunk-parallel launches (prepare,
-output) at other warp counts and stages: the data for choosing each kernel's fixed configuration
+output) at other warp counts and stages, the output at other V tiles: the data for choosing each kernel's fixed configuration
 (it must not follow the batch) and for seeing which launch to speed up next.
 
 Usage:
@@ -15,7 +15,7 @@ Usage:
     python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR --smoke  # tiny shapes (CPU interpreter; see --device)
 
 Writes OUT_DIR/probe_gdn_prefill_kernels.csv: one row per (tokens, sequences, launch) with `us`
-(do_bench median on a GPU, one call on the CPU), and for variants block_v (state), num_warps,
+(do_bench median on a GPU, one call on the CPU), and for variants block_v (state, output), num_warps,
 num_stages, segment_chunks and segment_from (state) and the status (a variant the GPU cannot run says why); every row carries the environment
 fingerprint (`env_*`).
 """
@@ -61,9 +61,12 @@ SEGMENT_VARIANTS = [
     ("serial", None, 4),
     ("serial", None, 8),
 ]
-# (warps, stages) of the chunk-parallel launches; their defaults are 8 warps (tiles of 8192+ fp32
-# elements) and Triton's stages
+# (warps, stages) of the chunk-parallel launches; their defaults are prepare's 4 warps (8 from tiles
+# of 16384 fp32 elements), output's OUTPUT_WARPS, and Triton's stages
 PARALLEL_VARIANTS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3)]
+# (block_v, warps) of the output kernel's V tiles; its default is (OUTPUT_BLOCK_V, OUTPUT_WARPS), and
+# (128, 8) the whole row of a head at 8 warps (the kernel before 68de164)
+OUTPUT_TILES = [(128, 8), (128, 4), (64, 8), (32, 4)]
 
 
 def launches(args: dict, device: torch.device) -> dict:
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(128, 1), (128, 2)] if args.smoke else [(t, n) for t in (4096, 16384, 65536) for n in (1, 4, 16)]
     variants = VARIANTS[2:3] if args.smoke else VARIANTS
     parallel = PARALLEL_VARIANTS[:1] if args.smoke else PARALLEL_VARIANTS
+    output_tiles = OUTPUT_TILES[:1] if args.smoke else OUTPUT_TILES
     segments = [(1, 0, 4), ("serial", None, 4)] if args.smoke else SEGMENT_VARIANTS
     # do_bench's median on a GPU, one synchronised call on the CPU (the bench's own timers)
     time_us = do_bench_us if device.type == "cuda" else (lambda fn: call_once(fn, device)[0])
@@ -131,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             for seg, cut, w in segments
         ]
         tried += [(name, {"num_warps": w, "num_stages": st}) for name in ("prepare", "output") for w, st in parallel]
+        tried += [("output", {"block_v": bv, "num_warps": w}) for bv, w in output_tiles]
         for name, opts in tried:
             row = {"tokens": tokens, "batch": batch, "launch": name, **opts, **env}
             try:

@@ -1,4 +1,4 @@
-"""benchmarks/probe_gdn_prefill_kernels.py --smoke: every launch of the backend, a state tile, segment lengths (one chunk each, and serial) and a launch option of the parallel launches are timed."""
+"""benchmarks/probe_gdn_prefill_kernels.py --smoke: every launch of the backend, a state tile and an output tile, segment lengths (one chunk each, and serial) and a launch option of the parallel launches are timed."""
 
 import csv
 
@@ -11,6 +11,7 @@ def test_smoke(tmp_path, run_smoke):
     assert launches == {"plan+scratch", "prepare", "state", "output", "backend"}
     assert all(r["status"] == "ok" and float(r["us"]) > 0 for r in rows) and rows[0]["env_torch"]
     assert any(r["block_v"] for r in rows if r["launch"] == "state")
+    assert any(r["block_v"] for r in rows if r["launch"] == "output")
     assert {r["launch"] for r in rows if r["num_warps"] and not r["block_v"] and not r["segment_chunks"]} == {
         "prepare",
         "output",
