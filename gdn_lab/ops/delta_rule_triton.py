@@ -471,8 +471,9 @@ def _output_kernel(
 
 STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
 # the output kernel's V tile and warps (fixed per shape): 64 values at 4 warps took 0.74-0.78x the
-# time of the whole row at 8 on the H200, 32 values 1.1x, 2 warps 1.6-2x; every tiling gave the
-# same bits (scratch probe of 727f5c4 at 16k and 64k tokens, 1 to 16 sequences)
+# time of the whole row at 8 on the H200, 64 at 8 warps 0.82-0.83x, 32 at 4 warps 0.90-1.10x, 2
+# warps 1.5-2.0x; every tiling gave the same bits (scratch probe of 727f5c4 at 16k and 64k tokens,
+# 1 to 16 sequences; data/bench/h200/README.md)
 OUTPUT_BLOCK_V = 64
 OUTPUT_WARPS = 4
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch

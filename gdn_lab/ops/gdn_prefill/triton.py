@@ -14,7 +14,8 @@ from gdn_lab.ops.triton_support import triton_available, triton_device
 from gdn_lab.routing import LIBRARY_TRITON, PRIORITY_TRITON, Backend, Check, lazy, register
 
 KERNELS = "gdn_lab.ops.delta_rule_triton"
-MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256  # tl.dot needs 16+; the output kernel's [K, V] state tile sits in registers
+# tl.dot needs 16+; the output kernels hold [K, 64] state tiles in registers (the layer: [K, V])
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
 def check_head_dim(name: str, d: int) -> Check:
