@@ -64,9 +64,10 @@ SEGMENT_VARIANTS = [
 # (warps, stages) of the chunk-parallel launches; their defaults are prepare's 4 warps (8 from tiles
 # of 16384 fp32 elements), output's OUTPUT_WARPS, and Triton's stages
 PARALLEL_VARIANTS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3)]
-# (block_v, warps) of the output kernel's V tiles; its default is (OUTPUT_BLOCK_V, OUTPUT_WARPS), and
-# (128, 8) the whole row of a head at 8 warps (the kernel before 68de164)
-OUTPUT_TILES = [(128, 8), (128, 4), (64, 8), (32, 4)]
+# (block_v, warps) of the output kernel's V tiles; its default is (OUTPUT_BLOCK_V, OUTPUT_WARPS), (128, 8)
+# the whole row of a head at 8 warps (the kernel before 68de164); the default tile at other warps and
+# stages is PARALLEL_VARIANTS'
+OUTPUT_TILES = [(128, 8), (128, 4), (32, 4)]
 
 
 def launches(args: dict, device: torch.device) -> dict:

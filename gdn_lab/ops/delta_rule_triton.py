@@ -209,9 +209,9 @@ def chunk_output(
     """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, len(o_v)] float32
     rows of chunk i_c, at the value columns o_v.
 
-    Rows outside m_live, and every row of a padding sequence (live False), read zeros. The columns
-    are fixed per shape (`OUTPUT_BLOCK_V`), never per batch; on the H200 and in the interpreter
-    every tiling measured gave a column the same bits.
+    Rows outside m_live, and every row of a padding sequence (live False), read zeros. Callers fix
+    the columns per shape, never per batch; on the H200 and in the interpreter every tiling
+    measured gave a column the same bits.
     """
     R: tl.constexpr = HV // HK
     i_kh = i_h // R
