@@ -45,6 +45,12 @@ IMPLS = ("auto", "torch", "triton")
 
 # int views by element size; 1-byte types (bool, uint8, fp8) read unsigned, wider ones signed.
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# dtypes the Triton row stage reads as they are, bitcasting each element to its word in the kernel
+# (the integer view is a torch call per hashed tensor, a tenth of a recorder's host time per read)
+_TRITON_AS_IS = frozenset(
+    [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
+     torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
+)  # fmt: skip
 
 
 def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
@@ -109,20 +115,28 @@ def words_signature(dtype: torch.dtype, shape: torch.Size) -> tuple[torch.dtype,
     return found
 
 
-def _words(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
-    """(t's bits as a contiguous integer tensor, rows R, words per row F, salt): rows along the
-    leading dim (one row for 0-dim), row r's words at [r * F, (r + 1) * F) of the flat tensor."""
+def _words(t: torch.Tensor, impl: str) -> tuple[torch.Tensor, int, int, int]:
+    """(t's bits as a contiguous tensor for `impl`'s row stage, rows R, words per row F, salt):
+    rows along the leading dim (one row for 0-dim), row r's words at [r * F, (r + 1) * F) of the
+    flat tensor."""
     view, r, f, salt, cplx = words_signature(t.dtype, t.shape)
-    return as_words(t, view, cplx), r, f, salt
+    return as_words(t, words_view(t.dtype, view, impl), cplx), r, f, salt
 
 
-def as_words(t: torch.Tensor, view: torch.dtype, cplx: bool) -> torch.Tensor:
-    """t's bits as a contiguous integer tensor of dtype `view` (`words_signature` gives it and `cplx`)."""
+def words_view(dtype: torch.dtype, view: torch.dtype, impl: str) -> torch.dtype | None:
+    """The integer dtype `impl`'s row stage reads a `dtype` tensor's bits as (`words_signature`'s
+    view), or None where the Triton kernel reads the tensor as it is."""
+    return None if impl == "triton" and dtype in _TRITON_AS_IS else view
+
+
+def as_words(t: torch.Tensor, view: torch.dtype | None, cplx: bool) -> torch.Tensor:
+    """t's bits as a contiguous tensor: of the integer dtype `view` (`words_view`), or t's own
+    dtype for view None; `cplx` (`words_signature`): t is complex, read as its real view."""
     if cplx:
         t = torch.view_as_real(t)
     if not t.is_contiguous():
         t = t.contiguous()
-    return t.view(view)
+    return t if view is None else t.view(view)
 
 
 def resolve_impl(impl: str, device: torch.device) -> str:
@@ -151,7 +165,7 @@ def _triton_row_values() -> Any:
 
 def row_values(words: torch.Tensor, r: int, f: int, impl: str, out: torch.Tensor, offset: int = 0) -> None:
     """The row stage into out[offset : offset + r]: R_r = sum_j mix(w_rj + (j + 1) * G) of the
-    contiguous integer words (`_words`: R rows of F)."""
+    contiguous words (`_words`: R rows of F; integers, or for "triton" any `_TRITON_AS_IS` dtype)."""
     if impl == "triton":
         _triton_row_values()(words, r, f, out, offset)
         return
@@ -169,7 +183,7 @@ def contributions(rows: torch.Tensor, salt: int | torch.Tensor, pos: torch.Tenso
 
 
 def _rows_of(t: torch.Tensor, impl: str) -> tuple[torch.Tensor, int]:
-    words, r, f, salt = _words(t)
+    words, r, f, salt = _words(t, impl)
     rows = torch.zeros(r, dtype=torch.int64, device=t.device)  # zeros: the kernel may add
     if r:
         row_values(words, r, f, impl, rows)
@@ -242,19 +256,26 @@ def tensor_hash(t: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     return contributions(rows, salt, _arange(rows.shape[0], str(t.device))).sum()
 
 
-@dataclass(slots=True)
-class Rows:
-    """A tensor's row values (the row stage) in a HashSink's arena: rows [start, start + n) of its
-    device's arena, with the salt of its dtype and shape."""
+@dataclass(eq=False, slots=True)
+class RowsKind:
+    """How a sink combines the row values of one kind of tensor: shared by every use of that kind.
+
+    Attributes:
+        arena: the device's arena its rows are read into.
+        n: rows; salt: the salt of its dtype and trailing shape.
+        seg, pos: per-request tables (row i to request slot seg[i] at position pos[i], negative seg
+            dropped), or None for a tensor hashed whole only.
+    """
 
     arena: _Arena
-    start: int
     n: int
     salt: int
+    seg: torch.Tensor | None
+    pos: torch.Tensor | None
 
 
 class _Arena:
-    """One device's row values, filled chunk by chunk, with what each added tensor needs to be combined."""
+    """One device's row values, filled chunk by chunk."""
 
     # Chunks double from FIRST to LAST rows: zeroing one 2^16-row chunk took 0.4 ms on the CPU,
     # per trace, a tenth of a small model's recording.
@@ -267,16 +288,10 @@ class _Arena:
         self.fill = 0  # rows used in the last chunk
         self.capacity = 0  # rows of the last chunk
         self.n_read = 0  # row stages run
-        # one (rows, seg, pos, base, whole slot) per use of a tensor's rows: its rows to slots
-        # base + seg at positions pos (seg None: none), its whole hash to the whole slot (None: none)
-        self.added: list[tuple[Rows, torch.Tensor | None, torch.Tensor | None, int, int | None]] = []
 
-    def rows(self, t: torch.Tensor) -> Rows:
-        words, n, f, salt = _words(t)
-        return self.read(words, n, f, salt)
-
-    def read(self, words: torch.Tensor, n: int, f: int, salt: int) -> Rows:
-        """The row stage of `words` (`_words`' integer tensor: n rows of f) into the arena now."""
+    def read(self, words: torch.Tensor, n: int, f: int) -> int:
+        """The row stage of `words` (`_words`' tensor: n rows of f) into the arena now; returns
+        the arena row of its first row."""
         if self.fill + n > self.capacity:
             # Zeros (the Triton row stage adds wide rows' column blocks into them); normal tensors
             # even inside inference_mode, so a later forward outside it can still write them.
@@ -289,62 +304,22 @@ class _Arena:
         if n:
             row_values(words, n, f, self.impl, self.chunks[-1], self.fill)
         self.n_read += 1
-        rows = Rows(self, self.start + self.fill, n, salt)
+        start = self.start + self.fill
         self.fill += n
-        return rows
-
-    def reduce(self, n_slots: int) -> torch.Tensor:
-        """Every slot's sum on this device: one vectorised combine over all added tensors.
-
-        Uses are grouped by what their rows share: per-request uses by their (seg, pos) tables,
-        whole-tensor uses by their row count. A group's rows are then one [uses, rows] gather with
-        its per-use start, salt and slot broadcast along the rows, so the host handles one small
-        table per use and nothing per row (a trace holds millions of rows on a GPU).
-        """
-        out = torch.zeros(n_slots, dtype=torch.int64, device=self.device)
-        groups: dict[Any, tuple[int, torch.Tensor | None, torch.Tensor | None, list[tuple[int, int, int]]]] = {}
-        for rows, seg, pos, base, whole in self.added:
-            if not rows.n:
-                continue
-            if seg is not None:
-                key = (id(seg), id(pos))  # the tables outlive the sink (held in `added`): ids stay unique
-                group = groups.get(key)
-                if group is None:
-                    group = groups[key] = (rows.n, seg, pos, [])
-                group[3].append((rows.start, rows.salt, base))
-            if whole is not None:
-                group = groups.get(rows.n)
-                if group is None:
-                    group = groups[rows.n] = (rows.n, None, None, [])
-                group[3].append((rows.start, rows.salt, whole))
-        if not groups:
-            return out
-        # (start, salt, slot base) of every use, one host-to-device copy
-        table = torch.from_numpy(np.array([u for g in groups.values() for u in g[3]], dtype=np.int64)).to(self.device)
-        arena = self.chunks[0] if len(self.chunks) == 1 else torch.cat(self.chunks)
-        parts, first = [], 0
-        for n, seg, pos, uses in groups.values():
-            t = table[first : first + len(uses)]
-            first += len(uses)
-            steps = _arange(n, str(self.device))
-            shape = (len(uses), n)
-            if seg is None:  # whole-tensor hashes: rows at positions 0..n-1 into the use's slot
-                pos, slot = steps.expand(shape), t[:, 2:3].expand(shape)
-            else:  # slot 0 takes the masked rows (negative seg)
-                pos, slot = pos.expand(shape), torch.where(seg >= 0, seg + t[:, 2:3], 0)
-            parts.append((arena[t[:, 0:1] + steps], t[:, 1:2].expand(shape), pos, slot))
-        values, salt, pos, idx = (torch.cat([p.reshape(-1) for p in x]) for x in zip(*parts))
-        return out.index_add_(0, idx, contributions(values, salt, pos))
+        return start
 
 
 class HashSink:
     """Hashes many tensors into numbered slots; the sums stay on the devices until `read`.
 
-    `rows` runs a tensor's row stage (one Triton launch on CUDA) and `add` uses its rows; the
-    position mixing and the per-request sums of every added tensor run together, vectorised, when
-    the sink is read. The same Rows can be added many times (a tensor seen by several calls is read
-    once). Slot 0 collects masked rows and is never read. A tensor hashed per request takes one
-    slot per request (`slots(n)` returns the first), its whole-tensor hash one more.
+    A tensor's row stage runs when it is read into its device's arena (one Triton launch on CUDA);
+    each use of those rows is a row of four columns (`kinds`, `starts`, `bases`, `wholes`): the
+    rows' kind, their first arena row, the first of its request slots (base + seg; -1: none) and
+    its whole-tensor slot (-1: none). The same rows can be used many times (a tensor seen by
+    several calls is read once). The position mixing and the per-request sums of every use run
+    together, vectorised, when the sink is read. Slot 0 collects masked rows and is never read.
+    Uses are columns, not an object each, because a recorder appends one per hashed tensor:
+    thousands per forward, which the cyclic garbage collector would otherwise scan.
     """
 
     def __init__(self, impl: str = "auto") -> None:
@@ -352,6 +327,10 @@ class HashSink:
             raise ValueError(f"hash_impl: {impl!r} is not accepted; expected one of {', '.join(map(repr, IMPLS))}")
         self.impl = impl
         self.n_slots = 1
+        self.kinds: list[RowsKind] = []
+        self.starts: list[int] = []
+        self.bases: list[int] = []
+        self.wholes: list[int] = []
         self._arenas: dict[torch.device, _Arena] = {}
         self._last: _Arena | None = None  # the arena used last
         self._read: tuple[tuple[int, int], np.ndarray] | None = None  # ((n_slots, n_tensors) when read, the hashes)
@@ -359,7 +338,7 @@ class HashSink:
     @property
     def n_tensors(self) -> int:
         """Tensors added (uses of rows)."""
-        return sum(len(a.added) for a in self._arenas.values())
+        return len(self.kinds)
 
     @property
     def n_read(self) -> int:
@@ -371,7 +350,8 @@ class HashSink:
         self.n_slots += n
         return base
 
-    def _arena(self, device: torch.device) -> _Arena:
+    def arena(self, device: torch.device) -> _Arena:
+        """The arena of `device`, where its tensors' rows are read."""
         last = self._last
         if last is not None and last.device == device:  # one device per trace, most often
             return last
@@ -381,31 +361,30 @@ class HashSink:
         self._last = arena
         return arena
 
-    def rows(self, t: torch.Tensor) -> Rows:
-        """Run t's row stage now (its bits as they are), for `add`."""
-        return self._arena(t.device).rows(t)
-
-    def put(self, rows: Rows, seg: torch.Tensor | None, pos: torch.Tensor | None, n_requests: int) -> int:
-        """Add `rows` (read by this sink) whole and, when seg is given, per request: returns the
-        whole slot, the request slots follow it (the recorder's path: `add` without its keywords)."""
-        whole = self.n_slots
-        self.n_slots = whole + 1 + (n_requests if seg is not None else 0)
-        rows.arena.added.append((rows, seg, pos, whole + 1, whole))
-        return whole
-
     def add(
         self,
-        t: torch.Tensor | Rows,
+        t: torch.Tensor,
         *,
         seg: torch.Tensor | None = None,
         pos: torch.Tensor | None = None,
         base: int = 0,
         whole_slot: int | None = None,
     ) -> None:
-        """Add t (a tensor, read now, or the Rows of one): its rows to slots base + seg (when seg
-        is given; a negative seg drops the row), its whole hash to `whole_slot` (when given)."""
-        rows = t if type(t) is Rows else self.rows(t)
-        rows.arena.added.append((rows, seg, pos, base, whole_slot))
+        """Read t now and add it: its rows to slots base + seg (when seg is given; a negative seg
+        drops the row), its whole hash to `whole_slot` (when given)."""
+        arena = self.arena(t.device)
+        words, n, f, salt = _words(t, arena.impl)
+        start = arena.read(words, n, f)
+        whole = -1 if whole_slot is None else whole_slot
+        self.use(RowsKind(arena, n, salt, seg, pos), start, base if seg is not None else -1, whole)
+
+    def use(self, kind: RowsKind, start: int, base: int, whole: int) -> None:
+        """Use the rows of `kind` read at arena row `start`: into request slots base + seg (base -1:
+        none) and the whole-tensor slot `whole` (-1: none)."""
+        self.kinds.append(kind)
+        self.starts.append(start)
+        self.bases.append(base)
+        self.wholes.append(whole)
 
     def read(self) -> np.ndarray:
         """Every slot's hash (int64 [n_slots]); one device-to-host copy per device, cached until the next add."""
@@ -414,6 +393,50 @@ class HashSink:
             total = np.zeros(self.n_slots, dtype=np.int64)
             for arena in self._arenas.values():
                 # Each slot is filled on one device; the others hold zeros there.
-                total += arena.reduce(self.n_slots).cpu().numpy()
+                total += self._reduce(arena).cpu().numpy()
             self._read = (state, total)
         return self._read[1]
+
+    def _reduce(self, arena: _Arena) -> torch.Tensor:
+        """Every slot's sum on the arena's device: one vectorised combine over its uses.
+
+        Uses are grouped by what their rows share: per-request uses by their (seg, pos) tables,
+        whole-tensor uses by their row count. A group's rows are then one [uses, rows] gather with
+        its per-use start, salt and slot broadcast along the rows, so the host handles one small
+        table per use and nothing per row (a trace holds millions of rows on a GPU).
+        """
+        out = torch.zeros(self.n_slots, dtype=torch.int64, device=arena.device)
+        groups: dict[Any, tuple[int, torch.Tensor | None, torch.Tensor | None, list[tuple[int, int, int]]]] = {}
+        for kind, start, base, whole in zip(self.kinds, self.starts, self.bases, self.wholes):
+            if kind.arena is not arena or not kind.n:
+                continue
+            if base >= 0:
+                key = (id(kind.seg), id(kind.pos))  # the tables outlive the sink (held by kinds): ids stay unique
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = (kind.n, kind.seg, kind.pos, [])
+                group[3].append((start, kind.salt, base))
+            if whole >= 0:
+                group = groups.get(kind.n)
+                if group is None:
+                    group = groups[kind.n] = (kind.n, None, None, [])
+                group[3].append((start, kind.salt, whole))
+        if not groups:
+            return out
+        # (start, salt, slot base) of every use, one host-to-device copy
+        table = torch.from_numpy(np.array([u for g in groups.values() for u in g[3]], dtype=np.int64)).to(arena.device)
+        chunks = arena.chunks
+        rows = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+        parts, first = [], 0
+        for n, seg, pos, uses in groups.values():
+            t = table[first : first + len(uses)]
+            first += len(uses)
+            steps = _arange(n, str(arena.device))
+            shape = (len(uses), n)
+            if seg is None:  # whole-tensor hashes: rows at positions 0..n-1 into the use's slot
+                pos, slot = steps.expand(shape), t[:, 2:3].expand(shape)
+            else:  # slot 0 takes the masked rows (negative seg)
+                pos, slot = pos.expand(shape), torch.where(seg >= 0, seg + t[:, 2:3], 0)
+            parts.append((rows[t[:, 0:1] + steps], t[:, 1:2].expand(shape), pos, slot))
+        values, salt, pos, idx = (torch.cat([p.reshape(-1) for p in x]) for x in zip(*parts))
+        return out.index_add_(0, idx, contributions(values, salt, pos))

@@ -63,7 +63,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from gdn_lab import routing
 from gdn_lab.checks import dtype_name
-from gdn_lab.trace.hashing import HashSink, Rows, as_words, words_signature
+from gdn_lab.trace.hashing import HashSink, RowsKind, as_words, words_signature, words_view
 from gdn_lab.trace.layout import PADDED, UNALIGNED, Layout
 from gdn_lab.trace.op_views import RowsView, describe_call, split_args
 
@@ -111,7 +111,7 @@ _METADATA = frozenset(
 _PLAIN = frozenset([type(None), bool, int, float, complex, str, torch.Size, torch.dtype, torch.device, torch.layout])
 
 
-@dataclass(eq=False, slots=True)  # not frozen: a frozen init costs 7x more, and one is made per hashed tensor
+@dataclass(eq=False, slots=True)  # not frozen: a frozen init costs 7x more, and one is built per hashed tensor
 class TensorRecord:
     """One hashed tensor of a call.
 
@@ -133,22 +133,18 @@ class TensorRecord:
 
 
 @dataclass(eq=False, slots=True)
-class _Kind:
-    """How a trace hashes tensors of one (layout, dtype, shape, device): derived once (`Trace._kind`)."""
+class _Kind(RowsKind):
+    """How a trace hashes tensors of one (layout, dtype, shape, device), derived once
+    (`Trace._kind`), or one lab op's view; its sink's rows kind, and what its TensorRecords show."""
 
     alignment: str
     dims: tuple[int, ...]
     dtype: str  # its name
     flatten: bool  # a padded layout's [N, T, ...]: rows are its N * T positions
     cplx: bool  # complex: hashed as its real view
-    arena: Any  # the sink's arena on the device
-    view: torch.dtype  # the integer view its words are read as
-    n: int  # rows
+    view: torch.dtype | None  # the integer view its words are read as (None: as it is, `words_view`)
     f: int  # words per row
-    salt: int
-    seg: torch.Tensor | None  # the layout's row tables on the device; None: hashed whole only
-    pos: torch.Tensor | None
-    n_requests: int
+    slots: int  # sink slots per use: the whole hash, then one per request when seg is given
 
 
 @dataclass(eq=False, slots=True)
@@ -200,13 +196,22 @@ class Trace:
     def __init__(self, level: str, layout: Layout, sink: HashSink, reuse: bool = True) -> None:
         self.level = level
         self._reuse = reuse
-        # id -> (entry index when read, weakref, (version, pointer, shape, strides, flattened), rows)
-        self._seen: dict[int, tuple[int, weakref.ref, tuple, Rows]] = {}
+        # id -> (call index when read, weakref, (version, pointer, shape, strides, flattened), arena row)
+        self._seen: dict[int, tuple[int, weakref.ref, tuple, int]] = {}
         self._layout = layout
         self._step = 0
         self._steps = [0]
         self._sink = sink
-        self._entries: list[Entry] = []
+        # The calls as columns, not an Entry each: a forward records thousands, and objects kept
+        # that long are what the cyclic collector scans when the block ends (`Trace.entries` builds
+        # the Entries). One tuple per call (_CALL_FIELDS); its outputs' range of hashed tensors
+        # when it returned (None until then); the calls that raised. A hashed tensor is a use of
+        # the sink (its kind, arena row and slots) with its path here, at the same index.
+        self._calls: list[tuple] = []
+        self._outs: list[tuple[int, int] | None] = []
+        self._errors: set[int] = set()
+        self._paths: list[str] = []
+        self._built: tuple[tuple[int, ...], list[Entry]] | None = None
         self._counts: dict[tuple[int, str], int] = {}
         self._kinds: dict[tuple[Layout, torch.dtype, torch.Size, torch.device], _Kind] = {}
 
@@ -267,8 +272,33 @@ class Trace:
         self._sink.read()
         return list(self._entries)
 
+    @property
+    def _entries(self) -> list[Entry]:
+        """The Entries of the calls recorded so far, built once per state of the trace."""
+        state = (len(self._calls), len(self._paths), len(self._errors), sum(o is not None for o in self._outs))
+        if self._built is None or self._built[0] != state:
+            kinds, bases, wholes, paths = self._sink.kinds, self._sink.bases, self._sink.wholes, self._paths
+
+            def records(lo: int, hi: int, layout: Layout) -> list[TensorRecord]:
+                return [
+                    TensorRecord(
+                        paths[i], kinds[i].dims, kinds[i].dtype, kinds[i].alignment, layout, bases[i], wholes[i]
+                    )
+                    for i in range(lo, hi)
+                ]
+
+            built = []
+            for index, (call, out) in enumerate(zip(self._calls, self._outs)):
+                step, name, kind, op, call_index, module, parent, backend, layout, lo, hi, described = call
+                entry = Entry(index, step, name, kind, op, call_index, module, parent, backend, layout,
+                              records(lo, hi, layout), records(*out, layout) if out else [], index in self._errors,
+                              described)  # fmt: skip
+                built.append(entry)
+            self._built = (state, built)
+        return self._built[1]
+
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._calls)
 
     def hash_of(self, record: TensorRecord, request_id: int | str) -> int | None:
         """The request's hash of `record` (its rows), or None if the tensor is unaligned or the
@@ -299,13 +329,20 @@ class Trace:
 
     # -- recording (used by the recorder) --
 
-    def _open(self, kind: str, name: str, op: str, module: str, parent: int | None, backend: str | None) -> Entry:
-        key = (self._step, name)
+    def _open(
+        self, kind: str, name: str, op: str, module: str, parent: int | None, backend: str | None, lo: int,
+        described: dict[str, Any] | None = None,
+    ) -> int:  # fmt: skip
+        """Record a call whose inputs are the hashed tensors from `lo` on; returns its index."""
+        step = self._step
+        key = (step, name)
         call_index = self._counts.get(key, 0)
         self._counts[key] = call_index + 1
-        entry = Entry(len(self._entries), self._step, name, kind, op, call_index, module, parent, backend, self._layout)
-        self._entries.append(entry)
-        return entry
+        self._calls.append(
+            (step, name, kind, op, call_index, module, parent, backend, self._layout, lo, len(self._paths), described)
+        )
+        self._outs.append(None)
+        return len(self._calls) - 1
 
     def _kind(self, layout: Layout, dtype: torch.dtype, shape: torch.Size, device: torch.device) -> _Kind:
         """What hashing a tensor of this layout, dtype, shape and device takes, derived once: a
@@ -315,44 +352,55 @@ class Trace:
         rows_shape = torch.Size([shape[0] * shape[1], *shape[2:]]) if flatten else shape
         view, n, f, salt, cplx = words_signature(dtype, rows_shape)
         seg, pos = (None, None) if alignment == UNALIGNED else layout.rows(alignment, device)
-        kind = _Kind(alignment, tuple(shape), dtype_name(dtype), flatten, cplx, self._sink._arena(device), view, n, f,
-                     salt, seg, pos, layout.num_requests)  # fmt: skip
+        arena = self._sink.arena(device)
+        kind = _Kind(arena, n, salt, seg, pos, alignment, tuple(shape), dtype_name(dtype), flatten, cplx,
+                     words_view(dtype, view, arena.impl), f, 1 if seg is None else 1 + layout.num_requests)  # fmt: skip
         self._kinds[(layout, dtype, shape, device)] = kind
         return kind
 
-    def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1) -> list[TensorRecord]:
-        """Hash each tensor. With reuse on, a tensor read by a call that began after entry `since`
-        is not read again if torch shows it unchanged (the same object, version counter, data
-        pointer, shape, strides and flattening)."""
-        records = []
-        kinds, seen, put, reuse = self._kinds, self._seen, self._sink.put, self._reuse
-        at = len(self._entries) - 1  # the call reading them
+    def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1, at: int = -1) -> None:
+        """Hash each tensor, as call `at` (-1: the last call recorded). With reuse on, a tensor read by
+        a call that began after call `since` is not read again if torch shows it unchanged (the same
+        object, version counter, data pointer, shape, strides and flattening)."""
+        sink, paths = self._sink, self._paths
+        kinds, seen, reuse = self._kinds, self._seen, self._reuse
+        uses, starts, bases, wholes = sink.kinds, sink.starts, sink.bases, sink.wholes
+        if at < 0:
+            at = len(self._calls) - 1
         for path, t in items:
             shape, dtype, device = t.shape, t.dtype, t.device
             kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
-            rows = None
+            start = -1
             if reuse:
                 state = (t._version, t.data_ptr(), shape, t.stride(), kind.flatten)
                 hit = seen.get(id(t))
                 if hit is not None and hit[0] > since and hit[2] == state and hit[1]() is t:
-                    rows = hit[3]
-            if rows is None:  # the row stage now, into its device's arena
-                words = as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx)
-                rows = kind.arena.read(words, kind.n, kind.f, kind.salt)
+                    start = hit[3]
+            if start < 0:  # the row stage now, into its device's arena
+                start = kind.arena.read(as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx),
+                                        kind.n, kind.f)  # fmt: skip
                 if reuse:
-                    seen[id(t)] = (at, weakref.ref(t), state, rows)
-            whole = put(rows, kind.seg, kind.pos, kind.n_requests)
-            base = -1 if kind.seg is None else whole + 1
-            records.append(TensorRecord(path, kind.dims, kind.dtype, kind.alignment, layout, base, whole))
-        return records
+                    seen[id(t)] = (at, weakref.ref(t), state, start)
+            # the sink's use of these rows (`HashSink.use`, inlined: this runs per hashed tensor)
+            whole = sink.n_slots
+            sink.n_slots = whole + kind.slots
+            uses.append(kind)
+            starts.append(start)
+            bases.append(-1 if kind.seg is None else whole + 1)
+            wholes.append(whole)
+            paths.append(path)
 
-    def _hash_views(self, items: Iterable[tuple[str, RowsView]], layout: Layout) -> list[TensorRecord]:
-        records = []
+    def _hash_views(self, items: Iterable[tuple[str, RowsView]], layout: Layout) -> None:
+        sink = self._sink
         for path, v in items:
-            base = self._sink.slots(layout.num_requests)
-            self._sink.add(v.rows, seg=v.seg, pos=v.pos, base=base)
-            records.append(TensorRecord(path, tuple(v.rows.shape), dtype_name(v.rows.dtype), VIEW, layout, base, -1))
-        return records
+            t = v.rows
+            arena = sink.arena(t.device)
+            view, n, f, salt, cplx = words_signature(t.dtype, t.shape)
+            kind = _Kind(arena, n, salt, v.seg, v.pos, VIEW, tuple(t.shape), dtype_name(t.dtype), False, cplx,
+                         words_view(t.dtype, view, arena.impl), f, layout.num_requests)  # fmt: skip
+            start = arena.read(as_words(t, kind.view, cplx), n, f)
+            sink.use(kind, start, sink.slots(layout.num_requests), -1)
+            self._paths.append(path)
 
 
 def _hashable(t: torch.Tensor) -> bool:
@@ -490,9 +538,11 @@ class _ModeAside:
 
 @dataclass(slots=True)
 class _Frame:
-    entry: Entry
+    index: int  # the call's index in the trace
     kind: str
     key: Any  # the module object, or the lab op's name
+    module: str  # the module path (modules) or the enclosing module's
+    layout: Layout  # the layout its inputs were hashed with
 
 
 class _Recorder:
@@ -513,22 +563,22 @@ class _Recorder:
         return path or self.root
 
     def _enclosing(self) -> tuple[str, int | None]:
-        """(enclosing module path, parent entry index) for a call starting now."""
+        """(enclosing module path, parent call index) for a call starting now."""
         frames = self.frames
         if not frames:
             return "", None
-        top = frames[-1].entry
+        top = frames[-1]
         if top.kind == MODULE:  # most often: a call in a module's own forward
             return top.module, top.index
         for f in reversed(frames):
             if f.kind == MODULE:
-                return f.entry.module, top.index
+                return f.module, top.index
         return "", top.index
 
-    def _push(self, entry: Entry, kind: str, key: Any) -> None:
-        self.frames.append(_Frame(entry, kind, key))
-        self.module_depth += kind == MODULE
-        self.labop_depth += kind == LAB_OP
+    def _push(self, frame: _Frame) -> None:
+        self.frames.append(frame)
+        self.module_depth += frame.kind == MODULE
+        self.labop_depth += frame.kind == LAB_OP
 
     def _pop_to(self, kind: str, key: Any) -> _Frame | None:
         """Pop the top-most frame of (kind, key) and every frame above it (calls that raised)."""
@@ -537,22 +587,20 @@ class _Recorder:
             self.module_depth -= kind == MODULE
             self.labop_depth -= kind == LAB_OP
             return frames.pop()
-        for i in range(len(self.frames) - 1, -1, -1):
-            f = self.frames[i]
+        for i in range(len(frames) - 1, -1, -1):
+            f = frames[i]
             if f.kind == kind and (f.key is key or f.key == key):
-                for g in self.frames[i:]:
+                for g in frames[i:]:
                     self.module_depth -= g.kind == MODULE
                     self.labop_depth -= g.kind == LAB_OP
-                for g in self.frames[i + 1 :]:
-                    g.entry.error = True
-                del self.frames[i:]
+                self.trace._errors.update(g.index for g in frames[i + 1 :])
+                del frames[i:]
                 return f
         return None
 
     def close(self) -> None:
         self.closed = True
-        for f in self.frames:
-            f.entry.error = True
+        self.trace._errors.update(f.index for f in self.frames)
         self.frames.clear()
         self.module_depth = self.labop_depth = 0
 
@@ -560,26 +608,33 @@ class _Recorder:
 
     def module_call(self, module: torch.nn.Module, path: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         """One call of a model's module (`_module_calls`): its inputs hashed before `call` (torch's
-        call: the module's hooks and forward) runs, its outputs after; an exception marks the entry
+        call: the module's hooks and forward) runs, its outputs after; an exception marks the call
         and goes on."""
         if self.closed:  # another wrapper, set on top of ours during the block, outlived it
             return call(*args, **kwargs)
         tr = self.trace
-        parent = self.frames[-1].entry.index if self.frames else None
-        entry = tr._open(MODULE, path or self.root, type(module).__name__, path, parent, None)
+        frames = self.frames
+        parent = frames[-1].index if frames else None
+        layout, lo, index = tr._layout, len(tr._paths), len(tr._calls)
         with _quiet():  # also around the flattening: tensor attribute reads go through torch functions
-            entry.inputs = tr._hash(_tensors(args, "args") + _tensors(kwargs, "kwargs"), entry.layout)
-        self._push(entry, MODULE, module)
+            items = _tensors(args, "args")
+            if kwargs:
+                items += _tensors(kwargs, "kwargs")
+            tr._hash(items, layout, -1, index)
+        tr._open(MODULE, path or self.root, type(module).__name__, path, parent, None, lo)
+        self._push(_Frame(index, MODULE, module, path, layout))
         try:
             output = call(*args, **kwargs)
         except BaseException:
             if self._pop_to(MODULE, module) is not None:
-                entry.error = True
+                tr._errors.add(index)
             raise
         if self._pop_to(MODULE, module) is not None:  # None: the block closed while it ran
+            lo = len(tr._paths)
             with _quiet():
                 # since: the module may have written its inputs in place, unseen by their version counters
-                entry.outputs = tr._hash(_tensors(output, "out"), entry.layout, entry.index)
+                tr._hash(_tensors(output, "out"), layout, index)
+            tr._outs[index] = (lo, len(tr._paths))
         return output
 
     # -- lab ops (routing.observe) --
@@ -598,28 +653,27 @@ class _Recorder:
         module, parent = self._enclosing()
         tr = self.trace
         name = f"{self.label(module)}.{op}" if self.frames else op
-        entry = tr._open(LAB_OP, name, op, module, parent, decision.name)
+        layout, lo, index = tr._layout, len(tr._paths), len(tr._calls)
         with _quiet():
-            if self.keep_calls:
-                entry.call = describe_call(args)
-            views, plain = split_args(op, args, entry.layout.num_requests)
-            entry.inputs = tr._hash_views(views, entry.layout) + tr._hash(
-                [item for p, v in plain for item in _tensors(v, p)], entry.layout
-            )
-        self._push(entry, LAB_OP, op)
+            described = describe_call(args) if self.keep_calls else None
+            views, plain = split_args(op, args, layout.num_requests)
+            tr._hash_views(views, layout)
+            tr._hash([item for p, v in plain for item in _tensors(v, p)], layout, -1, index)
+        tr._open(LAB_OP, name, op, module, parent, decision.name, lo, described)
+        self._push(_Frame(index, LAB_OP, op, module, layout))
 
     def after(self, op: str, decision: routing.Decision, args: Mapping[str, Any], result: Any) -> None:
         frame = self._pop_to(LAB_OP, op)
         if frame is None:
             return
-        tr, layout, since = self.trace, frame.entry.layout, frame.entry.index
+        tr, layout, index = self.trace, frame.layout, frame.index
+        lo = len(tr._paths)
         with _quiet():  # a lab op's kernels write its states in place, unseen by version counters
             views, plain = split_args(op, args, layout.num_requests, after=True)
-            frame.entry.outputs = (
-                tr._hash(_tensors(result, "out"), layout, since)
-                + tr._hash_views(views, layout)
-                + tr._hash([item for p, v in plain for item in _tensors(v, p)], layout, since)
-            )
+            tr._hash(_tensors(result, "out"), layout, index)
+            tr._hash_views(views, layout)
+            tr._hash([item for p, v in plain for item in _tensors(v, p)], layout, index)
+        tr._outs[index] = (lo, len(tr._paths))
 
     # -- torch functions (level="ops") --
 
@@ -639,29 +693,37 @@ class _Recorder:
                 inputs += _tensors(kwargs, "kwargs")
             if _aliases(outputs, inputs):
                 return out
-            entry = self._open_function(name)
-            entry.inputs = self.trace._hash(inputs, entry.layout)
-            entry.outputs = self.trace._hash(outputs, entry.layout, entry.index)
+            tr = self.trace
+            layout, lo, index = tr._layout, len(tr._paths), len(tr._calls)
+            tr._hash(inputs, layout, -1, index)
+            self._open_function(name, lo)
+            lo = len(tr._paths)
+            tr._hash(outputs, layout, index)
+            tr._outs[index] = (lo, len(tr._paths))
         return out
 
-    def _open_function(self, name: str) -> Entry:
+    def _open_function(self, name: str, lo: int) -> int:
         module, parent = self._enclosing()
-        return self.trace._open(FUNCTION, f"{self.label(module)}.{name}", name, module, parent, None)
+        return self.trace._open(FUNCTION, f"{self.label(module)}.{name}", name, module, parent, None, lo)
 
     def _inplace(self, func: Any, name: str, args: tuple, kwargs: dict) -> Any:
-        entry = self._open_function(name)
+        tr = self.trace
+        layout, lo, index = tr._layout, len(tr._paths), len(tr._calls)
         with _quiet():
             inputs = [*_tensors(args, "args"), *_tensors({k: v for k, v in kwargs.items() if k != "out"}, "kwargs")]
-            entry.inputs = self.trace._hash(inputs, entry.layout)
+            tr._hash(inputs, layout, -1, index)
+        self._open_function(name, lo)
         try:
             out = func(*args, **kwargs)
         except BaseException:
-            entry.error = True
+            tr._errors.add(index)
             raise
         # __setitem__ returns None: what changed is its first argument.
         changed = args[0] if name.endswith("__setitem__") else out
+        lo = len(tr._paths)
         with _quiet():
-            entry.outputs = self.trace._hash(_tensors(changed, "out"), entry.layout, entry.index)
+            tr._hash(_tensors(changed, "out"), layout, index)
+        tr._outs[index] = (lo, len(tr._paths))
         return out
 
 

@@ -39,6 +39,8 @@ COLS_PER_PROGRAM = 16 * MAX_BLOCK_F
 MIN_PROGRAMS = 1024  # split rows into column blocks until about this many programs run
 SPLIT_BELOW = 256  # ... when fewer row blocks than this: more of them keep the GPU busy without atomics
 _INT32_MAX = 2**31 - 1
+# The word of an element by its size: 1-byte types zero-extended, wider ones sign-extended.
+_WORD = {1: tl.uint8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 
 
 @triton.jit
@@ -53,7 +55,16 @@ def _mix(z):
 
 @triton.jit(do_not_specialize=["offset", "R", "F", "n_iter"])
 def _row_values_kernel(
-    x_ptr, out_ptr, offset, R, F, n_iter, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, SPLIT: tl.constexpr
+    x_ptr,
+    out_ptr,
+    offset,
+    R,
+    F,
+    n_iter,
+    WORD: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     i_r = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -66,7 +77,10 @@ def _row_values_kernel(
         o_f = col0 + it * BLOCK_F + tl.arange(0, BLOCK_F).to(tl.int64)
         m_x = m_r[:, None] & (o_f < F)[None, :]
         p_x = x_ptr + o_r64[:, None] * F + o_f[None, :]
-        b_w = tl.load(p_x, mask=m_x, other=0).to(tl.int64)
+        # each element's bits as its word (a no-op for integer words), then zero- or sign-extended;
+        # masked elements are left undefined (no `other`: 0 does not cast to every float type) and
+        # dropped below
+        b_w = tl.load(p_x, mask=m_x).to(WORD, bitcast=True).to(tl.int64)
         b_z = _mix(b_w + (o_f[None, :] + 1) * _G)
         b_acc += tl.where(m_x, b_z, 0)
     b_sum = tl.sum(b_acc, axis=1)
@@ -95,18 +109,19 @@ def row_values_triton(words: torch.Tensor, r: int, f: int, out: torch.Tensor, of
     """out[offset + i] = sum_j mix(words[i * f + j] + (j + 1) * G) for rows i < r, as `hashing.row_values`.
 
     Args:
-        words: a contiguous integer tensor of r * f elements (row-major rows of f words).
+        words: a contiguous tensor of r * f elements (row-major rows of f words), integer or a
+            dtype the kernel bitcasts (`hashing._TRITON_AS_IS`).
         r, f: rows and words per row.
         out: int64, contiguous, zero-filled at [offset, offset + r) (rows wider than
             COLS_PER_PROGRAM add into it).
         offset: the first row's element of out.
     """
     grid, n_iter, block_r, block_f, split = _launch_config(r, f)
-    args = (words, out, offset, r, f, n_iter, block_r, block_f, split)
+    args = (words, out, offset, r, f, n_iter, _WORD[words.element_size()], block_r, block_f, split)
     if interpreting():
         _row_values_kernel[grid](*args)
         return
-    # What the compilation depends on: the constexprs, the word dtype, the pointers' 16-byte
+    # What the compilation depends on: the constexprs, the words' dtype (and so WORD), the pointers' 16-byte
     # alignment, and whether the ints need 64 bits (unspecialised ints still type by range).
     wide = r > _INT32_MAX or f > _INT32_MAX or offset > _INT32_MAX
     key = (block_r, block_f, split, words.dtype, words.data_ptr() & 15 == 0, out.data_ptr() & 15 == 0, wide)
