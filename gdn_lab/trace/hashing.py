@@ -130,13 +130,16 @@ def words_view(dtype: torch.dtype, view: torch.dtype, impl: str) -> torch.dtype 
 
 
 def as_words(t: torch.Tensor, view: torch.dtype | None, cplx: bool) -> torch.Tensor:
-    """t's bits as a contiguous tensor: of the integer dtype `view` (`words_view`), or t's own
-    dtype for view None; `cplx` (`words_signature`): t is complex, read as its real view."""
+    """t's bits for the row stage: a contiguous tensor of the integer dtype `view` (`words_view`),
+    or for view None t itself, which the Triton kernel reads in place whatever its strides; `cplx`
+    (`words_signature`): t is complex, read as its real view."""
+    if view is None:
+        return t
     if cplx:
         t = torch.view_as_real(t)
     if not t.is_contiguous():
         t = t.contiguous()
-    return t if view is None else t.view(view)
+    return t.view(view)
 
 
 def resolve_impl(impl: str, device: torch.device) -> str:
@@ -165,7 +168,8 @@ def _triton_row_values() -> Any:
 
 def row_values(words: torch.Tensor, r: int, f: int, impl: str, out: torch.Tensor, offset: int = 0) -> None:
     """The row stage into out[offset : offset + r]: R_r = sum_j mix(w_rj + (j + 1) * G) of the
-    contiguous words (`_words`: R rows of F; integers, or for "triton" any `_TRITON_AS_IS` dtype)."""
+    words (`_words`: R rows of F; contiguous integers, or for "triton" a `_TRITON_AS_IS` tensor of
+    any strides)."""
     if impl == "triton":
         _triton_row_values()(words, r, f, out, offset)
         return

@@ -53,7 +53,9 @@ def _mix(z):
     return z ^ ((z >> 31) & _MASK31)
 
 
-@triton.jit(do_not_specialize=["offset", "R", "F", "n_iter"])
+# s0 and s3 stay specialised (a stride of 1 tells the compiler which axis is contiguous: a
+# transposed weight's rows are)
+@triton.jit(do_not_specialize=["offset", "R", "F", "n_iter", "d2", "d3", "s1", "s2"])
 def _row_values_kernel(
     x_ptr,
     out_ptr,
@@ -61,7 +63,14 @@ def _row_values_kernel(
     R,
     F,
     n_iter,
+    s0,
+    d2,
+    d3,
+    s1,
+    s2,
+    s3,
     WORD: tl.constexpr,
+    TRAILING: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_F: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -76,7 +85,16 @@ def _row_values_kernel(
     for it in range(0, n_iter):
         o_f = col0 + it * BLOCK_F + tl.arange(0, BLOCK_F).to(tl.int64)
         m_x = m_r[:, None] & (o_f < F)[None, :]
-        p_x = x_ptr + o_r64[:, None] * F + o_f[None, :]
+        if TRAILING == 0:  # contiguous rows of F words
+            p_x = x_ptr + o_r64[:, None] * F + o_f[None, :]
+        else:  # row stride s0; word j of a row at the strides of its 1-3 trailing dims (d1, d2, d3)
+            if TRAILING == 1:
+                o_e = o_f * s3
+            elif TRAILING == 2:
+                o_e = (o_f // d3) * s2 + (o_f % d3) * s3
+            else:
+                o_e = (o_f // (d2 * d3)) * s1 + ((o_f // d3) % d2) * s2 + (o_f % d3) * s3
+            p_x = x_ptr + o_r64[:, None] * s0 + o_e[None, :]
         # each element's bits as its word (a no-op for integer words), then zero- or sign-extended;
         # masked elements are left undefined (no `other`: 0 does not cast to every float type) and
         # dropped below
@@ -105,24 +123,55 @@ def _launch_config(r: int, f: int) -> tuple[tuple[int, int, int], int, int, int,
     return (row_blocks, n_col, 1), n_iter, block_r, block_f, n_col > 1
 
 
+def _strides(t: torch.Tensor) -> tuple[int, tuple[int, ...]] | None:
+    """(TRAILING, (s0, d2, d3, s1, s2, s3)) that address a non-contiguous tensor's words in place:
+    its row stride, and its trailing dims with size-1 dims dropped and dims that continue each
+    other merged (at most 3, left-padded: d1 is implied by F), or None past 3 such dims."""
+    dims: list[tuple[int, int]] = []  # (size, stride), outer to inner
+    for size, stride in zip(t.shape[1:], t.stride()[1:]):
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == stride * size:  # the outer dim steps over this one exactly
+            dims[-1] = (dims[-1][0] * size, stride)
+        else:
+            dims.append((size, stride))
+    if len(dims) > 3:
+        return None
+    (_, s1), (d2, s2), (d3, s3) = [(1, 0)] * (3 - len(dims)) + dims
+    return max(len(dims), 1), (t.stride(0), d2, d3, s1, s2, s3)
+
+
+_CONTIGUOUS = (0, (1, 1, 1, 1, 1, 1))  # TRAILING 0: the strides are not read
+
+
 def row_values_triton(words: torch.Tensor, r: int, f: int, out: torch.Tensor, offset: int = 0) -> None:
-    """out[offset + i] = sum_j mix(words[i * f + j] + (j + 1) * G) for rows i < r, as `hashing.row_values`.
+    """out[offset + i] = sum_j mix(words[i][j] + (j + 1) * G) for rows i < r, as `hashing.row_values`.
 
     Args:
-        words: a contiguous tensor of r * f elements (row-major rows of f words), integer or a
-            dtype the kernel bitcasts (`hashing._TRITON_AS_IS`).
+        words: a tensor of r rows of f words (its leading dim the rows, the rest row-major): integer
+            or a dtype the kernel bitcasts (`hashing._TRITON_AS_IS`). Any strides: a tensor whose
+            rows are not contiguous is read in place when its trailing dims merge into at most
+            three (transposes, slices, broadcasts), else through a contiguous copy.
         r, f: rows and words per row.
         out: int64, contiguous, zero-filled at [offset, offset + r) (rows wider than
             COLS_PER_PROGRAM add into it).
         offset: the first row's element of out.
     """
+    layout = _CONTIGUOUS if words.is_contiguous() else _strides(words)
+    if layout is None:
+        words, layout = words.contiguous(), _CONTIGUOUS
+    trailing, strides = layout
     grid, n_iter, block_r, block_f, split = _launch_config(r, f)
-    args = (words, out, offset, r, f, n_iter, _WORD[words.element_size()], block_r, block_f, split)
+    word = _WORD[words.element_size()]
+    args = (words, out, offset, r, f, n_iter, *strides, word, trailing, block_r, block_f, split)
     if interpreting():
         _row_values_kernel[grid](*args)
         return
-    # What the compilation depends on: the constexprs, the words' dtype (and so WORD), the pointers' 16-byte
-    # alignment, and whether the ints need 64 bits (unspecialised ints still type by range).
-    wide = r > _INT32_MAX or f > _INT32_MAX or offset > _INT32_MAX
-    key = (block_r, block_f, split, words.dtype, words.data_ptr() & 15 == 0, out.data_ptr() & 15 == 0, wide)
+    # What the compilation depends on: the constexprs, the words' dtype (and so WORD), the pointers'
+    # 16-byte alignment, the specialised strides' ==1 and divisibility by 16, and whether the ints
+    # need 64 bits (unspecialised ints still type by range).
+    wide = max(r, f, offset, *strides) > _INT32_MAX
+    s0, s3 = strides[0], strides[-1]
+    key = (block_r, block_f, split, trailing, s0 == 1, s0 % 16 == 0, s3 == 1, s3 % 16 == 0, words.dtype,
+           words.data_ptr() & 15 == 0, out.data_ptr() & 15 == 0, wide)  # fmt: skip
     launch_cached(_row_values_kernel, grid, args, key)

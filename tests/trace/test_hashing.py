@@ -89,6 +89,32 @@ def test_triton_kernel_matches_the_torch_path(dtype, device):
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int32, torch.bool])
+def test_triton_kernel_reads_strided_tensors_in_place_as_the_torch_path_reads_their_copies(dtype, device):
+    # Each view's words in its logical order, whatever its strides: in place for 1-3 trailing
+    # dims after merging (bool is read through a contiguous integer view), else through a copy.
+    from gdn_lab.trace.triton_hash import _strides
+
+    base = sample(dtype, (6, 4, 10, 3)).to(device)
+    views = {
+        "transpose 2-D": (base[:, 0, :, 0].t(), 1),  # [10, 6]: its rows contiguous, its words not
+        "slice with gaps": (base[:, :, 2:7, :], 2),  # [6, 4, 5, 3]: (4, 5 x 3) trailing dims
+        "permuted": (base.permute(2, 0, 3, 1), 3),  # [10, 6, 3, 4]: three trailing dims
+        "broadcast": (base[:, :1, 0, :].expand(6, 5, 3), 2),  # stride 0
+        "size-1 dims": (base[:, 1:2, :, 1:2], 1),
+        "rows of one word": (base[:, 0, 0, 0], 1),
+        "four trailing dims": (base.unsqueeze(1).expand(6, 2, 4, 10, 3).permute(0, 4, 3, 2, 1), None),
+    }
+    for name, (t, trailing) in views.items():
+        assert not t.is_contiguous(), name
+        found = _strides(t)
+        assert (found and found[0]) == trailing, name
+        layout = Layout.per_request(list(range(t.shape[0])))
+        assert torch.equal(row_hashes(t, layout, impl="triton"), row_hashes(t.contiguous(), layout, impl="torch")), name
+        assert torch.equal(tensor_hash(t, impl="triton"), tensor_hash(t.contiguous(), impl="torch")), name
+
+
+@needs_triton
 def test_triton_kernel_matches_with_rows_split_over_programs_and_programs_looping(monkeypatch, device):
     # Thresholds shrunk so small shapes take every launch shape: row blocks split into column
     # blocks that each loop over several tiles, and row blocks left whole looping over theirs.
