@@ -196,8 +196,8 @@ class Trace:
     def __init__(self, level: str, layout: Layout, sink: HashSink, reuse: bool = True) -> None:
         self.level = level
         self._reuse = reuse
-        # id -> (call index when read, weakref, (version, pointer, shape, strides, flattened), arena row)
-        self._seen: dict[int, tuple[int, weakref.ref, tuple, int]] = {}
+        # id -> (call index when read, weakref, layout, version, pointer, shape, strides, dtype, kind, arena row)
+        self._seen: dict[int, tuple] = {}
         self._layout = layout
         self._step = 0
         self._steps = [0]
@@ -361,26 +361,42 @@ class Trace:
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1, at: int = -1) -> None:
         """Hash each tensor, as call `at` (-1: the last call recorded). With reuse on, a tensor read by
         a call that began after call `since` is not read again if torch shows it unchanged (the same
-        object, version counter, data pointer, shape, strides and flattening)."""
+        object, version counter, data pointer, shape, strides and dtype) under the same layout."""
         sink, paths = self._sink, self._paths
         kinds, seen, reuse = self._kinds, self._seen, self._reuse
         uses, starts, bases, wholes = sink.kinds, sink.starts, sink.bases, sink.wholes
         if at < 0:
             at = len(self._calls) - 1
         for path, t in items:
-            shape, dtype, device = t.shape, t.dtype, t.device
-            kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
-            start = -1
-            if reuse:
-                state = (t._version, t.data_ptr(), shape, t.stride(), kind.flatten)
-                hit = seen.get(id(t))
-                if hit is not None and hit[0] > since and hit[2] == state and hit[1]() is t:
-                    start = hit[3]
-            if start < 0:  # the row stage now, into its device's arena
+            # A reuse hit first: under the layout it was read with, it holds its kind (no lookup).
+            hit = seen.get(id(t)) if reuse else None
+            if (
+                hit is not None
+                and hit[0] > since
+                and hit[3] == t._version
+                and hit[4] == t.data_ptr()
+                and hit[5] == t.shape
+                and hit[6] == t.stride()
+                and hit[7] is t.dtype
+                and hit[1]() is t
+            ):
+                kind, start = hit[8], hit[9]
+                if hit[2] is not layout:  # rows do not depend on the layout, unless it flattens them
+                    kind = kinds.get((layout, t.dtype, t.shape, t.device)) or self._kind(
+                        layout, t.dtype, t.shape, t.device
+                    )
+                    start = hit[9] if kind.flatten == hit[8].flatten else -1
+            else:
+                start = -1
+            if start < 0:
+                shape, dtype, device = t.shape, t.dtype, t.device
+                kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
+                # the row stage now, into its device's arena
                 start = kind.arena.read(as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx),
                                         kind.n, kind.f)  # fmt: skip
                 if reuse:
-                    seen[id(t)] = (at, weakref.ref(t), state, start)
+                    seen[id(t)] = (at, weakref.ref(t), layout, t._version, t.data_ptr(), shape, t.stride(), dtype,
+                                   kind, start)  # fmt: skip
             # the sink's use of these rows (`HashSink.use`, inlined: this runs per hashed tensor)
             whole = sink.n_slots
             sink.n_slots = whole + kind.slots
