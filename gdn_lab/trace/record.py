@@ -275,16 +275,18 @@ class Trace:
     @property
     def _entries(self) -> list[Entry]:
         """The Entries of the calls recorded so far, built once per state of the trace."""
-        state = (len(self._calls), len(self._paths), len(self._errors), sum(o is not None for o in self._outs))
+        # What a recorded call changes (a call returning without outputs adds an empty range: the
+        # same Entry either way)
+        state = (len(self._calls), len(self._paths), len(self._errors))
         if self._built is None or self._built[0] != state:
-            kinds, bases, wholes, paths = self._sink.kinds, self._sink.bases, self._sink.wholes, self._paths
+            sink, paths = self._sink, self._paths
 
             def records(lo: int, hi: int, layout: Layout) -> list[TensorRecord]:
                 return [
-                    TensorRecord(
-                        paths[i], kinds[i].dims, kinds[i].dtype, kinds[i].alignment, layout, bases[i], wholes[i]
+                    TensorRecord(path, kind.dims, kind.dtype, kind.alignment, layout, base, whole)
+                    for path, kind, base, whole in zip(
+                        paths[lo:hi], sink.kinds[lo:hi], sink.bases[lo:hi], sink.wholes[lo:hi]
                     )
-                    for i in range(lo, hi)
                 ]
 
             built = []
