@@ -116,9 +116,8 @@ def words_signature(dtype: torch.dtype, shape: torch.Size) -> tuple[torch.dtype,
 
 
 def _words(t: torch.Tensor, impl: str) -> tuple[torch.Tensor, int, int, int]:
-    """(t's bits as a contiguous tensor for `impl`'s row stage, rows R, words per row F, salt):
-    rows along the leading dim (one row for 0-dim), row r's words at [r * F, (r + 1) * F) of the
-    flat tensor."""
+    """(t's bits for `impl`'s row stage (`as_words`), rows R, words per row F, salt): rows along the
+    leading dim (one row for 0-dim), row r's words its trailing dims in row-major order."""
     view, r, f, salt, cplx = words_signature(t.dtype, t.shape)
     return as_words(t, words_view(t.dtype, view, impl), cplx), r, f, salt
 

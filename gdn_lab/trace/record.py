@@ -204,9 +204,11 @@ class Trace:
         self._sink = sink
         # The calls as columns, not an Entry each: a forward records thousands, and objects kept
         # that long are what the cyclic collector scans when the block ends (`Trace.entries` builds
-        # the Entries). One tuple per call (_CALL_FIELDS); its outputs' range of hashed tensors
-        # when it returned (None until then); the calls that raised. A hashed tensor is a use of
-        # the sink (its kind, arena row and slots) with its path here, at the same index.
+        # the Entries). One tuple per call: (step, name, kind, op, call_index, module, parent,
+        # backend, layout, first and end index of its inputs among the hashed tensors, the call's
+        # description); its outputs' range when it returned (None until then); the calls that
+        # raised. A hashed tensor is a use of the sink (its kind, arena row and slots) with its
+        # path here, at the same index.
         self._calls: list[tuple] = []
         self._outs: list[tuple[int, int] | None] = []
         self._errors: set[int] = set()
@@ -363,7 +365,8 @@ class Trace:
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1, at: int = -1) -> None:
         """Hash each tensor, as call `at` (-1: the last call recorded). With reuse on, a tensor read by
         a call that began after call `since` is not read again if torch shows it unchanged (the same
-        object, version counter, data pointer, shape, strides and dtype) under the same layout."""
+        object, version counter, data pointer, shape, strides and dtype) and the layout does not
+        flatten it otherwise than when it was read."""
         sink, paths = self._sink, self._paths
         kinds, seen, reuse = self._kinds, self._seen, self._reuse
         uses, starts, bases, wholes = sink.kinds, sink.starts, sink.bases, sink.wholes
