@@ -394,9 +394,12 @@ class HashSink:
         state = (self.n_slots, self.n_tensors)  # what an add or a slot changes: derived, not kept at every add
         if self._read is None or self._read[0] != state:
             total = np.zeros(self.n_slots, dtype=np.int64)
-            for arena in self._arenas.values():
-                # Each slot is filled on one device; the others hold zeros there.
-                total += self._reduce(arena).cpu().numpy()
+            # torch functions off: a trace read inside a recording block (its own, at level="ops")
+            # must not record the combine's torch calls
+            with torch._C.DisableTorchFunction():
+                for arena in self._arenas.values():
+                    # Each slot is filled on one device; the others hold zeros there.
+                    total += self._reduce(arena).cpu().numpy()
             self._read = (state, total)
         return self._read[1]
 

@@ -329,6 +329,37 @@ def test_blocks_nest_and_do_not_record_each_other():
     assert [e.name for e in inner.entries] == ["Sequential", "0", "1"]
 
 
+def test_a_trace_read_inside_a_block_records_nothing_and_reads_the_same_hashes():
+    # The read's combine runs torch ops; inside an ops-level block (its own, or an outer one)
+    # they must not be recorded, nor write the arena being read.
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
+    x = torch.randn(2, 3)
+    lay = Layout.per_request([0, 1])
+    with record(net, lay, level="ops") as plain:
+        net(x)
+
+    class Reading(nn.Module):
+        def __init__(self, trace_of):
+            super().__init__()
+            self.net, self.trace_of = net, trace_of
+
+        def forward(self, x):
+            h = self.net[1](self.net[0](x))
+            _ = [self.trace_of().hash_of(r, 1) for e in self.trace_of().entries for r in e.outputs]
+            return self.net[2](h)
+
+    holder = {}
+    reading = Reading(lambda: holder["trace"])
+    with record(reading, lay, level="ops") as tr:
+        holder["trace"] = tr
+        reading(x)
+    names = [e.name.removeprefix("net.") for e in tr.entries if e.kind != "module" or e.name != "Reading"]
+    assert names == [e.name for e in plain.entries if e.name != "Sequential"]
+    read = [[tr.hash_of(r, q) for r in e.outputs for q in (0, 1)] for e in tr.entries if e.module.startswith("net")]
+    want = [[plain.hash_of(r, q) for r in e.outputs for q in (0, 1)] for e in plain.entries if e.module]
+    assert read == want
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
