@@ -109,6 +109,7 @@ _METADATA = frozenset(
 )  # fmt: skip
 # Results that are never a tensor or a container of one.
 _PLAIN = frozenset([type(None), bool, int, float, complex, str, torch.Size, torch.dtype, torch.device, torch.layout])
+_SEEN_MIN = 4096  # reads a trace keeps before it first drops those of freed tensors
 
 
 @dataclass(eq=False, slots=True)  # not frozen: a frozen init costs 7x more, and one is built per hashed tensor
@@ -198,6 +199,7 @@ class Trace:
         self._reuse = reuse
         # id -> (call index when read, weakref, layout, version, pointer, shape, strides, dtype, kind, arena row)
         self._seen: dict[int, tuple] = {}
+        self._prune_at = _SEEN_MIN  # `_prune_seen` when the table grows past this
         self._layout = layout
         self._step = 0
         self._steps = [0]
@@ -402,6 +404,8 @@ class Trace:
                 if reuse:
                     seen[id(t)] = (at, weakref.ref(t), layout, t._version, t.data_ptr(), shape, t.stride(), dtype,
                                    kind, start)  # fmt: skip
+                    if len(seen) > self._prune_at:
+                        self._prune_seen()
             # the sink's use of these rows (`HashSink.use`, inlined: this runs per hashed tensor)
             whole = sink.n_slots
             sink.n_slots = whole + kind.slots
@@ -410,6 +414,15 @@ class Trace:
             bases.append(-1 if kind.seg is None else whole + 1)
             wholes.append(whole)
             paths.append(path)
+
+    def _prune_seen(self) -> None:
+        """Drop the reads of tensors that are gone: a decode loop reads thousands of tensors per
+        step, and their entries would otherwise outlive them for the whole trace. The next prune
+        waits until the table has doubled, so each read pays for it once."""
+        seen = self._seen
+        for key in [key for key, hit in seen.items() if hit[1]() is None]:
+            del seen[key]
+        self._prune_at = max(_SEEN_MIN, 2 * len(seen))
 
     def _hash_views(self, items: Iterable[tuple[str, RowsView]], layout: Layout) -> None:
         sink = self._sink
