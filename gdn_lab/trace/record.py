@@ -145,7 +145,7 @@ class _Kind(RowsKind):
     cplx: bool  # complex: hashed as its real view
     view: torch.dtype | None  # the integer view its words are read as (None: as it is, `words_view`)
     f: int  # words per row
-    slots: int  # sink slots per use: the whole hash, then one per request when seg is given
+    slots: int  # sink slots per use: the whole hash, then one per request when seg is given (a view: one per request)
 
 
 @dataclass(eq=False, slots=True)
@@ -350,9 +350,14 @@ class Trace:
         self._outs.append(None)
         return len(self._calls) - 1
 
-    def _kind(self, layout: Layout, dtype: torch.dtype, shape: torch.Size, device: torch.device) -> _Kind:
-        """What hashing a tensor of this layout, dtype, shape and device takes, derived once: a
-        forward hashes the same few signatures thousands of times (`_hash`)."""
+    def _kind(self, layout: Layout, t: torch.Tensor) -> _Kind:
+        """What hashing a tensor of t's dtype, shape and device under `layout` takes, derived once:
+        a forward hashes the same few signatures thousands of times (`_hash`)."""
+        dtype, shape, device = t.dtype, t.shape, t.device
+        key = (layout, dtype, shape, device)
+        kind = self._kinds.get(key)
+        if kind is not None:
+            return kind
         alignment = layout.alignment_of(shape)
         flatten = alignment == PADDED
         rows_shape = torch.Size([shape[0] * shape[1], *shape[2:]]) if flatten else shape
@@ -361,7 +366,7 @@ class Trace:
         arena = self._sink.arena(device)
         kind = _Kind(arena, n, salt, seg, pos, alignment, tuple(shape), dtype_name(dtype), flatten, cplx,
                      words_view(dtype, view, arena.impl), f, 1 if seg is None else 1 + layout.num_requests)  # fmt: skip
-        self._kinds[(layout, dtype, shape, device)] = kind
+        self._kinds[key] = kind
         return kind
 
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1, at: int = -1) -> None:
@@ -370,7 +375,7 @@ class Trace:
         object, version counter, data pointer, shape, strides and dtype) and the layout does not
         flatten it otherwise than when it was read."""
         sink, paths = self._sink, self._paths
-        kinds, seen, reuse = self._kinds, self._seen, self._reuse
+        seen, reuse = self._seen, self._reuse
         uses, starts, bases, wholes = sink.kinds, sink.starts, sink.bases, sink.wholes
         if at < 0:
             at = len(self._calls) - 1
@@ -389,20 +394,18 @@ class Trace:
             ):
                 kind, start = hit[8], hit[9]
                 if hit[2] is not layout:  # rows do not depend on the layout, unless it flattens them
-                    kind = kinds.get((layout, t.dtype, t.shape, t.device)) or self._kind(
-                        layout, t.dtype, t.shape, t.device
-                    )
+                    kind = self._kind(layout, t)
                     start = hit[9] if kind.flatten == hit[8].flatten else -1
             else:
-                start = -1
+                kind, start = None, -1
             if start < 0:
-                shape, dtype, device = t.shape, t.dtype, t.device
-                kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
+                if kind is None:  # a hit under another layout brings this layout's kind already
+                    kind = self._kind(layout, t)
                 # the row stage now, into its device's arena
                 start = kind.arena.read(as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx),
                                         kind.n, kind.f)  # fmt: skip
                 if reuse:
-                    seen[id(t)] = (at, weakref.ref(t), layout, t._version, t.data_ptr(), shape, t.stride(), dtype,
+                    seen[id(t)] = (at, weakref.ref(t), layout, t._version, t.data_ptr(), t.shape, t.stride(), t.dtype,
                                    kind, start)  # fmt: skip
                     if len(seen) > self._prune_at:
                         self._prune_seen()
@@ -433,7 +436,7 @@ class Trace:
             kind = _Kind(arena, n, salt, v.seg, v.pos, VIEW, tuple(t.shape), dtype_name(t.dtype), False, cplx,
                          words_view(t.dtype, view, arena.impl), f, layout.num_requests)  # fmt: skip
             start = arena.read(as_words(t, kind.view, cplx), n, f)
-            sink.use(kind, start, sink.slots(layout.num_requests), -1)
+            sink.use(kind, start, sink.slots(kind.slots), -1)
             self._paths.append(path)
 
 

@@ -213,8 +213,6 @@ def test_a_tensor_seen_by_several_calls_is_read_once_with_the_same_hashes(level)
 def test_reads_of_freed_tensors_are_dropped_as_a_trace_grows(monkeypatch):
     # Every forward makes new activations; a long recording keeps only the reads of live tensors
     # (about twice as many at most), with the same hashes as a recording that never drops them.
-    from gdn_lab.trace import record as record_module
-
     rec = importlib.import_module("gdn_lab.trace.record")
     monkeypatch.setattr(rec, "_SEEN_MIN", 8)
     net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
@@ -226,9 +224,9 @@ def test_reads_of_freed_tensors_are_dropped_as_a_trace_grows(monkeypatch):
             net(torch.randn(2, 4, generator=g))  # each input and activation freed after its forward
             assert trace._reuse is False or len(trace._seen) <= 2 * 8 + 8
 
-    with record_module(net, lay, level="ops") as tr:
+    with record(net, lay, level="ops") as tr:
         forwards(tr)
-    with record_module(net, lay, level="ops", reuse=False) as every:
+    with record(net, lay, level="ops", reuse=False) as every:
         forwards(every)
     assert len(tr) == len(every)
     got = [[tr.hash_of(r, q) for r in e.outputs for q in (0, 1)] for e in tr.entries]
