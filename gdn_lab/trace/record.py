@@ -32,7 +32,8 @@ its own work.
 
 A tensor that reaches several calls unchanged (a module's output is the next module's input and
 its parent's output) is read once: its rows are reused while torch shows it unchanged (the same
-object, version counter, data pointer, shape and strides). torch bumps the version counter on
+object, version counter, data pointer, shape and strides; for a view, the same base and place in
+it, so a view made anew at each call, as a weight's `.t()`, is read once too). torch bumps the version counter on
 every in-place op and custom op that declares its mutation, but not on a raw Triton or CUDA kernel
 launched on an existing tensor, nor a write through `.data`; so a call's outputs never reuse what
 was read when the call began (a module or lab op may write its inputs with such a kernel), and
@@ -197,7 +198,8 @@ class Trace:
     def __init__(self, level: str, layout: Layout, sink: HashSink, reuse: bool = True) -> None:
         self.level = level
         self._reuse = reuse
-        # id -> (call index when read, weakref, layout, version, pointer, shape, strides, dtype, kind, arena row)
+        # id, or for a view (its base's id, pointer, shape, strides) -> (call index when read, weakref
+        # to the tensor or the view's base, layout, version, pointer, shape, strides, dtype, kind, arena row)
         self._seen: dict[int, tuple] = {}
         self._prune_at = _SEEN_MIN  # `_prune_seen` when the table grows past this
         self._layout = layout
@@ -372,7 +374,8 @@ class Trace:
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1, at: int = -1) -> None:
         """Hash each tensor, as call `at` (-1: the last call recorded). With reuse on, a tensor read by
         a call that began after call `since` is not read again if torch shows it unchanged (the same
-        object, version counter, data pointer, shape, strides and dtype) and the layout does not
+        object, or for a view the same base, version counter, data pointer, shape, strides and
+        dtype) and the layout does not
         flatten it otherwise than when it was read."""
         sink, paths = self._sink, self._paths
         seen, reuse = self._seen, self._reuse
@@ -380,8 +383,12 @@ class Trace:
         if at < 0:
             at = len(self._calls) - 1
         for path, t in items:
+            # A view is kept under its base (which holds its storage and version counter) and its
+            # place in it: a view made anew at every call (a weight's .t()) is read once.
+            base = t._base
+            owner, key = (t, id(t)) if base is None else (base, (id(base), t.data_ptr(), t.shape, t.stride()))
             # A reuse hit first: under the layout it was read with, it holds its kind (no lookup).
-            hit = seen.get(id(t)) if reuse else None
+            hit = seen.get(key) if reuse else None
             if (
                 hit is not None
                 and hit[0] > since
@@ -390,7 +397,7 @@ class Trace:
                 and hit[5] == t.shape
                 and hit[6] == t.stride()
                 and hit[7] is t.dtype
-                and hit[1]() is t
+                and hit[1]() is owner
             ):
                 kind, start = hit[8], hit[9]
                 if hit[2] is not layout:  # rows do not depend on the layout, unless it flattens them
@@ -405,8 +412,8 @@ class Trace:
                 start = kind.arena.read(as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx),
                                         kind.n, kind.f)  # fmt: skip
                 if reuse:
-                    seen[id(t)] = (at, weakref.ref(t), layout, t._version, t.data_ptr(), t.shape, t.stride(), t.dtype,
-                                   kind, start)  # fmt: skip
+                    seen[key] = (at, weakref.ref(owner), layout, t._version, t.data_ptr(), t.shape, t.stride(),
+                                 t.dtype, kind, start)  # fmt: skip
                     if len(seen) > self._prune_at:
                         self._prune_seen()
             # the sink's use of these rows (`HashSink.use`, inlined: this runs per hashed tensor)

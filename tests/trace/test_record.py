@@ -498,3 +498,42 @@ def test_the_alias_shortcut_records_what_the_general_check_records(monkeypatch):
     control = trace()
     assert fast == general and sum(taken) >= 8  # view, t, the getitems, to, unbind, split, view_as
     assert len(control[0]) > len(general[0])
+
+
+def test_a_view_made_anew_at_every_call_is_read_once_per_trace():
+    # The lab's Linear passes weight.t() to the matmul op at every call: a new view object each
+    # time, of the same weight, which two decode steps of one trace need not read twice.
+    lin = nn.Linear(4, 4, bias=False)
+
+    class Step(nn.Module):
+        def forward(self, x):
+            return matmul(x, lin.weight.t(), backend="torch")
+
+    class Held(nn.Module):  # the same call with one view, made before the steps
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = lin.weight.t()
+
+        def forward(self, x):
+            return matmul(x, self.w, backend="torch")
+
+    lay = Layout.per_request([0, 1])
+    traces = {}
+    for name, step, reuse in (("anew", Step(), True), ("held", Held(), True), ("fresh", Step(), False)):
+        with record(step, lay, level="ops", reuse=reuse) as traces[name]:
+            for i in range(2):
+                step(torch.full((2, 4), float(i)))
+    reused, fresh = traces["anew"], traces["fresh"]
+    assert _hashes(reused) == _hashes(fresh) == _hashes(traces["held"])
+    ops = [e for e in reused.entries if e.kind == "lab_op"]
+    assert [r.path for r in ops[0].inputs] == ["x", "w"]
+    assert reused.whole_hash_of(ops[0].inputs[1]) == reused.whole_hash_of(ops[1].inputs[1])
+    assert reused.n_read == traces["held"].n_read < fresh.n_read  # the second step's view was not read again
+    step = Step()
+    with record(step, lay, level="ops") as tr:
+        step(torch.zeros(2, 4))
+        with torch.no_grad():
+            lin.weight.mul_(2.0)  # a write to the base bumps its views' version counter: read again
+        step(torch.zeros(2, 4))
+    w = [tr.whole_hash_of(e.inputs[1]) for e in tr.entries if e.kind == "lab_op"]
+    assert w[0] == reused.whole_hash_of(ops[0].inputs[1]) != w[1]
