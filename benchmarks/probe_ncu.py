@@ -1,0 +1,122 @@
+"""One call of our kernels inside a CUDA profiler range, for Nsight Compute (`ncu --profile-from-start off`).
+
+`decode`: `decode_attention_triton` (its partition and reduce launches) once per cache dtype, on one
+paged case (random bf16 values, an fp8 e4m3 copy with unit scales, pages in random order).
+`prefill`: `gdn_prefill`'s `triton` backend once, then fla's `chunk_gated_delta_rule` on the same
+inputs when fla is installed (the bench's inputs: benchmarks/bench_gdn_prefill.py). Each is called
+twice before the range (compiles, autotuning), so the range holds exactly one call of each.
+
+On the H200 (the decode figures are in data/bench/h200/README.md):
+
+    ncu --clock-control none --profile-from-start off -k regex:_decode_partition_kernel \\
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
+        --section MemoryWorkloadAnalysis python3 benchmarks/probe_ncu.py decode
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
+        --section LaunchStats python3 benchmarks/probe_ncu.py prefill
+
+`--smoke` runs tiny shapes (the CPU interpreter by default; see --device) and checks the outputs
+are finite, without a profiler range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import add_device_option, bench_device, sync  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=("decode", "prefill"))
+    p.add_argument("--batch", type=int, default=None, help="decode: requests (default 64); prefill: sequences (4)")
+    p.add_argument(
+        "--tokens", type=int, default=None, help="decode: context per request (16384); prefill: total (65536)"
+    )
+    p.add_argument("--page-size", type=int, default=16, help="decode: tokens per page")
+    p.add_argument("--shape", default="16/2/256", help="decode: Hq/Hkv/D")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, no profiler range")
+    add_device_option(p)
+    a = p.parse_args(argv)
+    big = {"decode": (64, 16384), "prefill": (4, 65536)}[a.what]
+    small = {"decode": (2, 80), "prefill": (2, 96)}[a.what]
+    default = small if a.smoke else big
+    a.batch = a.batch or default[0]
+    a.tokens = a.tokens or default[1]
+    if a.batch < 1 or a.tokens < 1 or a.page_size < 1:
+        p.error(f"--batch, --tokens and --page-size must be >= 1, got {a.batch}, {a.tokens}, {a.page_size}")
+    if a.what == "decode" and a.tokens % a.page_size:
+        p.error(f"--tokens {a.tokens} must be a multiple of --page-size {a.page_size}")
+    return a
+
+
+def decode_calls(args: argparse.Namespace, device: torch.device) -> list:
+    from gdn_lab.device import detect, fp8_dtypes_for
+    from gdn_lab.ops.decode_attention.triton_kernels import decode_attention_triton
+
+    hq, hkv, d = (int(x) for x in args.shape.split("/"))
+    B, ctx, page = args.batch, args.tokens, args.page_size
+    g = torch.Generator(device=device).manual_seed(0)
+    pages = B * ctx // page
+    k = torch.randn(pages, page, hkv, d, device=device, generator=g).to(torch.bfloat16)
+    v = torch.randn(pages, page, hkv, d, device=device, generator=g).to(torch.bfloat16)
+    q = torch.randn(B, hq, d, device=device, generator=g).to(torch.bfloat16)
+    indptr = torch.arange(0, pages + 1, ctx // page, dtype=torch.int32, device=device)
+    indices = torch.randperm(pages, device=device, generator=g).int()
+    lens = torch.full((B,), ctx, dtype=torch.int32, device=device)
+    caches = [(k, v, None)]
+    fp8 = fp8_dtypes_for(detect(device).arch)
+    if fp8:
+        caches.append((k.to(fp8[0]), v.to(fp8[0]), torch.ones(1, device=device)))
+    return [
+        lambda k=k, v=v, s=s: decode_attention_triton(
+            q, k, v, indptr, indices, lens, page, d**-0.5, s, s, max_seq_len=ctx
+        )  # fmt: skip
+        for k, v, s in caches
+    ]
+
+
+def prefill_calls(args: argparse.Namespace, device: torch.device) -> list:
+    from bench_gdn_prefill import Shape, fla_prefill, fresh, prefill_inputs
+
+    from gdn_lab.routing import get
+
+    inputs = prefill_inputs([args.tokens // args.batch] * args.batch, Shape(4, 8, 128), device, seed=0)
+    ours = get("gdn_prefill", "triton")
+    calls = [lambda: ours.run(**fresh(inputs))]
+    if device.type == "cuda" and importlib.util.find_spec("fla") is not None:
+        calls.append(fla_prefill("chunk", fresh(inputs)))
+    return calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = bench_device(args)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    calls = (decode_calls if args.what == "decode" else prefill_calls)(args, device)
+    for _ in range(2):
+        for call in calls:
+            call()
+    sync(device)
+    profiled = device.type == "cuda" and not args.smoke
+    if profiled:
+        torch.cuda.cudart().cudaProfilerStart()
+    outs = [call() for call in calls]
+    sync(device)
+    if profiled:
+        torch.cuda.cudart().cudaProfilerStop()
+    bad = [i for i, o in enumerate(outs) if not torch.isfinite(o.float()).all()]
+    print(f"[probe_ncu] {args.what}: {len(calls)} call(s) on {device}{' (profiled range)' if profiled else ''}")
+    if bad:
+        print(f"[probe_ncu] calls {bad} gave non-finite outputs", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
