@@ -33,12 +33,12 @@ its own work.
 A tensor that reaches several calls unchanged (a module's output is the next module's input and
 its parent's output) is read once: its rows are reused while torch shows it unchanged (the same
 object, version counter, data pointer, shape and strides; for a view, the same base and place in
-it, so a view made anew at each call, as a weight's `.t()`, is read once too). torch bumps the version counter on
-every in-place op and custom op that declares its mutation, but not on a raw Triton or CUDA kernel
-launched on an existing tensor, nor a write through `.data`; so a call's outputs never reuse what
-was read when the call began (a module or lab op may write its inputs with such a kernel), and
-`record(..., reuse=False)` reads every tensor at every call for code that writes this way between
-calls.
+it, so a view made anew at each call, as a weight's `.t()`, is read once too). torch bumps the
+version counter on every in-place op and custom op that declares its mutation, but not on a raw
+Triton or CUDA kernel launched on an existing tensor, nor a write through `.data`; so a call's
+outputs never reuse what was read when the call began (a module or lab op may write its inputs
+with such a kernel), and `record(..., reuse=False)` reads every tensor at every call for code that
+writes this way between calls.
 
 Known limits: state a module reads that is not in its arguments (a cache filled in an earlier step)
 is invisible at level="modules"; at level="ops" the lab ops hash it through their slots. A shallow
@@ -375,8 +375,7 @@ class Trace:
         """Hash each tensor, as call `at` (-1: the last call recorded). With reuse on, a tensor read by
         a call that began after call `since` is not read again if torch shows it unchanged (the same
         object, or for a view the same base, version counter, data pointer, shape, strides and
-        dtype) and the layout does not
-        flatten it otherwise than when it was read."""
+        dtype) and the layout does not flatten it otherwise than when it was read."""
         sink, paths = self._sink, self._paths
         seen, reuse = self._seen, self._reuse
         uses, starts, bases, wholes = sink.kinds, sink.starts, sink.bases, sink.wholes
