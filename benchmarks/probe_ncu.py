@@ -1,7 +1,8 @@
 """One call of our kernels inside a CUDA profiler range, for Nsight Compute (`ncu --profile-from-start off`).
 
-`decode`: `decode_attention_triton` (its partition and reduce launches) once per cache dtype, on one
-paged case (random bf16 values, an fp8 e4m3 copy with unit scales, pages in random order).
+`decode`: `decode_attention_triton` (its partition and reduce launches) once per cache dtype, on
+benchmarks/bench_decode_attention.py's inputs (random bf16 values, pages in order) and their fp8
+copy with unit scales, as that bench times them.
 `prefill`: `gdn_prefill`'s `triton` backend once, then fla's `chunk_gated_delta_rule` on the same
 inputs when fla is installed (the bench's inputs: benchmarks/bench_gdn_prefill.py). Each is called
 twice before the range (compiles, autotuning), so the range holds exactly one call of each.
@@ -56,29 +57,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def decode_calls(args: argparse.Namespace, device: torch.device) -> list:
-    from gdn_lab.device import detect, fp8_dtypes_for
+    from bench_decode_attention import Case
+
+    from gdn_lab.device import detect
     from gdn_lab.ops.decode_attention.triton_kernels import decode_attention_triton
 
     hq, hkv, d = (int(x) for x in args.shape.split("/"))
-    B, ctx, page = args.batch, args.tokens, args.page_size
-    g = torch.Generator(device=device).manual_seed(0)
-    pages = B * ctx // page
-    k = torch.randn(pages, page, hkv, d, device=device, generator=g).to(torch.bfloat16)
-    v = torch.randn(pages, page, hkv, d, device=device, generator=g).to(torch.bfloat16)
-    q = torch.randn(B, hq, d, device=device, generator=g).to(torch.bfloat16)
-    indptr = torch.arange(0, pages + 1, ctx // page, dtype=torch.int32, device=device)
-    indices = torch.randperm(pages, device=device, generator=g).int()
-    lens = torch.full((B,), ctx, dtype=torch.int32, device=device)
-    caches = [(k, v, None)]
-    fp8 = fp8_dtypes_for(detect(device).arch)
-    if fp8:
-        caches.append((k.to(fp8[0]), v.to(fp8[0]), torch.ones(1, device=device)))
-    return [
-        lambda k=k, v=v, s=s: decode_attention_triton(
-            q, k, v, indptr, indices, lens, page, d**-0.5, s, s, max_seq_len=ctx
-        )  # fmt: skip
-        for k, v, s in caches
+    case = Case(args.batch, args.tokens, hq, hkv, d, device, seed=0)
+    fp8, one = detect(device).fp8_dtype, torch.ones(1, device=device)
+    caches = [
+        case.paged(args.page_size, case.k, case.v),
+        case.paged(args.page_size, case.k.to(fp8), case.v.to(fp8), one, one),
     ]
+    return [lambda kw=kw: decode_attention_triton(**kw, max_seq_len=args.tokens) for kw in caches]
 
 
 def prefill_calls(args: argparse.Namespace, device: torch.device) -> list:
