@@ -382,20 +382,24 @@ class Trace:
         if at < 0:
             at = len(self._calls) - 1
         for path, t in items:
-            # A view is kept under its base (which holds its storage and version counter) and its
-            # place in it: a view made anew at every call (a weight's .t()) is read once.
-            base = t._base
-            owner, key = (t, id(t)) if base is None else (base, (id(base), t.data_ptr(), t.shape, t.stride()))
+            if reuse:  # what torch shows of t, read once (each read is a C call)
+                version, ptr, shape, stride = t._version, t.data_ptr(), t.shape, t.stride()
+                dtype, base = t.dtype, t._base
+                # A view is kept under its base (which holds its storage and version counter) and its
+                # place in it: a view made anew at every call (a weight's .t()) is read once.
+                owner, key = (t, id(t)) if base is None else (base, (id(base), ptr, shape, stride))
+                hit = seen.get(key)
+            else:
+                hit = None
             # A reuse hit first: under the layout it was read with, it holds its kind (no lookup).
-            hit = seen.get(key) if reuse else None
             if (
                 hit is not None
                 and hit[0] > since
-                and hit[3] == t._version
-                and hit[4] == t.data_ptr()
-                and hit[5] == t.shape
-                and hit[6] == t.stride()
-                and hit[7] is t.dtype
+                and hit[3] == version
+                and hit[4] == ptr
+                and hit[5] == shape
+                and hit[6] == stride
+                and hit[7] is dtype
                 and hit[1]() is owner
             ):
                 kind, start = hit[8], hit[9]
@@ -411,8 +415,7 @@ class Trace:
                 start = kind.arena.read(as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx),
                                         kind.n, kind.f)  # fmt: skip
                 if reuse:
-                    seen[key] = (at, weakref.ref(owner), layout, t._version, t.data_ptr(), t.shape, t.stride(),
-                                 t.dtype, kind, start)  # fmt: skip
+                    seen[key] = (at, weakref.ref(owner), layout, version, ptr, shape, stride, dtype, kind, start)
                     if len(seen) > self._prune_at:
                         self._prune_seen()
             # the sink's use of these rows (`HashSink.use`, inlined: this runs per hashed tensor)
