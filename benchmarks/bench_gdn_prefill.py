@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.invariance(op, target, mates, position)
     for r in bench.rows:
         if r["kind"] == "invariance":
-            print(f"invariance {r['op']:18s} {r['impl']:28s} bitwise_equal={r['bitwise_equal']}  ({r['note']})")
+            print(f"invariance {r['op']:18s} {r['impl']:28s} bitwise_equal={r.get('bitwise_equal')}  ({r['note']})")
     print(f"wrote {bench.write()}")
     return 0
 

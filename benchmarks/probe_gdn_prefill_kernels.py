@@ -49,7 +49,7 @@ COLUMNS = [
 ]
 # (block_v, warps, stages); block_v 64 is left out: on the H200 (Triton 3.6) it faults with an illegal
 # memory access, which poisons the CUDA context for every later launch
-VARIANTS = [(8, 4, 3), (16, 4, 3), (32, 4, 3), (32, 8, 3), (32, 4, 2), (8, 8, 3)]
+VARIANTS = [(16, 4, 2), (32, 4, 1), (32, 4, 2), (32, 8, 1), (32, 8, 2), (16, 8, 2)]
 # the state recurrence's segments: (chunks per segment, cut sequences of more tokens than, warps);
 # "serial": every sequence one segment
 SEGMENT_VARIANTS = [

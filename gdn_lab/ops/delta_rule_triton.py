@@ -419,6 +419,13 @@ def _segment_starts_kernel(
 
 STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
 STATE_WARPS = 4
+
+
+def state_stages(head_k_dim: int) -> int:
+    """The state kernel's pipeline stages, fixed per shape: each stage buffers the chunk's q, k and
+    w tiles ([BT, K] float32 each) in shared memory, and Triton's default 3 at K = 128 asks 321 KB
+    of the H200's 227 KB."""
+    return 2 if head_k_dim <= 128 else 1
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
 SEGMENT_FROM = 16384  # a sequence of more tokens than this is split into segments (never per batch)
 
@@ -670,7 +677,7 @@ def run_state_kernel(
         qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, out=out, trans=s.trans, starts=s.starts,
         N=n, HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, SEG=run.segment_chunks,
         **grid_args("IO", out.dtype), PREC=run.prec,
-        **_launch_options(num_warps, num_stages),
+        **_launch_options(num_warps, state_stages(K) if num_stages is None else num_stages),
     )  # fmt: skip
     if segs is None:
         _state_kernel[(n, HV, V // bv)](**args, TRANSFER=False, FROM_POOL=True)
