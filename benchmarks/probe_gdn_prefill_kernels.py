@@ -3,19 +3,19 @@
 The backend (gdn_lab.ops.delta_rule_triton) is a chunk plan and a segment plan, the chunk-parallel
 prepare, the state recurrence (segment-parallel for sequences past SEGMENT_FROM tokens: the maps
 of segments of SEGMENT_CHUNKS chunks, the segments' entering states, then every segment; a
-sequence of one segment takes the last launch alone), which also writes the output. This probe times
-each through the backend's own launch functions on the bench's inputs (benchmarks/bench_gdn_prefill.py),
-the whole backend call beside them, the state recurrence at other segment lengths (`serial`: one
-segment per sequence), V tiles, warp counts and pipeline stages, and the chunk-parallel prepare at
-other warp counts and stages: the data for choosing each kernel's fixed configuration (it must not
-follow the batch) and for seeing which launch to speed up next.
+sequence of one segment takes the last launch alone), and the chunk-parallel output. This probe times each through the
+backend's own launch functions on the bench's inputs (benchmarks/bench_gdn_prefill.py), the whole
+backend call beside them, the state recurrence at other segment lengths (`serial`: one segment per
+sequence), V tiles, warp counts and pipeline stages, and the chunk-parallel launches (prepare,
+output) at other warp counts and stages, the output at other V tiles: the data for choosing each kernel's fixed configuration
+(it must not follow the batch) and for seeing which launch to speed up next.
 
 Usage:
     python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR          # the H200 run (~1 minute)
     python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR --smoke  # tiny shapes (CPU interpreter; see --device)
 
 Writes OUT_DIR/probe_gdn_prefill_kernels.csv: one row per (tokens, sequences, launch) with `us`
-(do_bench median on a GPU, one call on the CPU), and for variants block_v (state), num_warps,
+(do_bench median on a GPU, one call on the CPU), and for variants block_v (state, output), num_warps,
 num_stages, segment_chunks and segment_from (state) and the status (a variant the GPU cannot run says why); every row carries the environment
 fingerprint (`env_*`).
 """
@@ -49,7 +49,7 @@ COLUMNS = [
 ]
 # (block_v, warps, stages); block_v 64 is left out: on the H200 (Triton 3.6) it faults with an illegal
 # memory access, which poisons the CUDA context for every later launch
-VARIANTS = [(16, 4, 2), (32, 4, 1), (32, 4, 2), (32, 8, 1), (32, 8, 2), (16, 8, 2)]
+VARIANTS = [(8, 4, 3), (16, 4, 3), (32, 4, 3), (32, 8, 3), (32, 4, 2), (8, 8, 3)]
 # the state recurrence's segments: (chunks per segment, cut sequences of more tokens than, warps);
 # "serial": every sequence one segment
 SEGMENT_VARIANTS = [
@@ -61,9 +61,13 @@ SEGMENT_VARIANTS = [
     ("serial", None, 4),
     ("serial", None, 8),
 ]
-# (warps, stages) of the chunk-parallel prepare; its default is 4 warps (8 from tiles of 16384 fp32
-# elements) and Triton's stages
+# (warps, stages) of the chunk-parallel launches; their defaults are prepare's 4 warps (8 from tiles
+# of 16384 fp32 elements), output's OUTPUT_WARPS, and Triton's stages
 PARALLEL_VARIANTS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3)]
+# (block_v, warps) of the output kernel's V tiles; its default is (OUTPUT_BLOCK_V, OUTPUT_WARPS), (128, 8)
+# the whole row of a head at 8 warps (the kernel before 68de164); the default tile at other warps and
+# stages is PARALLEL_VARIANTS'
+OUTPUT_TILES = [(128, 8), (128, 4), (32, 4)]
 
 
 def launches(args: dict, device: torch.device) -> dict:
@@ -87,7 +91,7 @@ def launches(args: dict, device: torch.device) -> dict:
             run, segments=seg.segments, segment_chunks=segment_chunks,
             scratch=dataclasses.replace(run.scratch, trans=seg.scratch.trans, starts=seg.scratch.starts),
         )  # fmt: skip
-        return lambda: D.run_state_kernel(mine, a["state"], slots, cu, hk, out, **tile)
+        return lambda: D.run_state_kernel(mine, a["state"], slots, cu, hk, **tile)
 
     return {
         "plan+scratch": lambda: lambda: D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE),
@@ -95,6 +99,7 @@ def launches(args: dict, device: torch.device) -> dict:
             lambda: D.run_prepare_kernel(run, q, k, v, *gates, cu, slots, a["scale"], a["use_qk_l2norm"], **opts)
         ),
         "state": state_launches,
+        "output": lambda **opts: lambda: D.run_output_kernel(run, out, cu, slots, hk, **opts),
         "backend": lambda: lambda: get("gdn_prefill", "triton").run(**a),
     }
 
@@ -113,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(128, 1), (128, 2)] if args.smoke else [(t, n) for t in (4096, 16384, 65536) for n in (1, 4, 16)]
     variants = VARIANTS[2:3] if args.smoke else VARIANTS
     parallel = PARALLEL_VARIANTS[:1] if args.smoke else PARALLEL_VARIANTS
+    output_tiles = OUTPUT_TILES[:1] if args.smoke else OUTPUT_TILES
     segments = [(1, 0, 4), ("serial", None, 4)] if args.smoke else SEGMENT_VARIANTS
     # do_bench's median on a GPU, one synchronised call on the CPU (the bench's own timers)
     time_us = do_bench_us if device.type == "cuda" else (lambda fn: call_once(fn, device)[0])
@@ -129,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             ("state", {"segment_chunks": seg, "num_warps": w, **({} if cut is None else {"segment_from": cut})})
             for seg, cut, w in segments
         ]
-        tried += [("prepare", {"num_warps": w, "num_stages": st}) for w, st in parallel]
+        tried += [(name, {"num_warps": w, "num_stages": st}) for name in ("prepare", "output") for w, st in parallel]
+        tried += [("output", {"block_v": bv, "num_warps": w}) for bv, w in output_tiles]
         for name, opts in tried:
             row = {"tokens": tokens, "batch": batch, "launch": name, **opts, **env}
             try:

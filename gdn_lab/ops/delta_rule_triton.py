@@ -1,7 +1,7 @@
 """The chunked gated delta rule in Triton, batch-invariant by construction: gdn_prefill's kernels,
 and the @triton.jit pieces that gdn_layer_prefill's fused kernels are built from too.
 
-Two stages split the work as fla's chunk_gated_delta_rule and AITER's fused prefill do, so
+Three stages split the work as fla's chunk_gated_delta_rule and AITER's fused prefill do, so
 that only the state recurrence walks a sequence, segment by segment:
 
 1. `_prepare_kernel`, one program per (chunk, value head), all chunks at once: the L2 norm of q
@@ -9,18 +9,19 @@ that only the state recurrence walks a sequence, segment by segment:
    A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 (blocked: `_unit_lower_inverse`),
    w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into fp32 scratch.
 2. `run_state_kernel`'s launches: `_state_kernel`, one program per (segment, value head, V tile),
-   chunk after chunk: v_new = u - w S (S as [K, V], the state entering the chunk), the chunk's
-   output o = exp(G) (q S) + tril(q k^T exp(G_i - G_j)) v_new, rounded to the output's dtype,
-   S <- exp(G_last) S + (k exp(G_last - G))^T v_new, and the final state into the pool. A sequence
-   of more than SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS chunks, whose entering
-   states come from the segments' affine maps (the same kernel, TRANSFER) through
-   `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence), and a call in
-   which no sequence can be cut is the state kernel alone (FROM_POOL).
+   chunk after chunk: it stores the state entering each chunk, turns u into v_new = u - w S (S as
+   [K, V]), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to
+   the pool. A sequence of more than SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS
+   chunks, whose entering states come from the segments' affine maps (the same kernel, TRANSFER)
+   through `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence), and a
+   call in which no sequence can be cut is the state kernel alone (FROM_POOL).
+3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values): o = exp(G) (q S_c) +
+   (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
 
 The fused layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) launches the same state kernel
-(`run_state_kernel`, its output unrounded into the u scratch) between its own prepare and output
-kernels, which call the same helpers with the layer's stages around them (conv1d of the
-interleaved projection, gated RMSNorm, fp8, conv state). Nothing here knows the layer.
+(`run_state_kernel`) between its own prepare and output kernels, which call the same helpers
+with the layer's stages around them (conv1d of the interleaved projection, gated RMSNorm, fp8,
+conv state). Nothing here knows the layer.
 
 Why the bits cannot follow the batch: chunks and segments start at each sequence's first token,
 whether and where a sequence is cut follows from its own length, a program reads only its own
@@ -201,6 +202,36 @@ def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, HV: tl.constexpr, V: tl.conste
 
 
 @triton.jit
+def chunk_output(
+    qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, o_v,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, len(o_v)] float32
+    rows of chunk i_c, at the value columns o_v.
+
+    Rows outside m_live, and every row of a padding sequence (live False), read zeros. Callers fix
+    the columns per shape, never per batch; on the H200 and in the interpreter every tiling
+    measured gave a column the same bits.
+    """
+    R: tl.constexpr = HV // HK
+    i_kh = i_h // R
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    incl = o_t[:, None] >= o_t[None, :]
+    p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
+    b_q = tl.load(qs + p_qk, mask=m_live[:, None], other=0.0)
+    b_k = tl.load(ks + p_qk, mask=m_live[:, None], other=0.0)
+    b_G = tl.load(gs + rows * HV + i_h, mask=m_live, other=0.0)
+    b_vn = tl.load(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
+    b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
+    b_S = tl.where(live, b_S, 0.0)  # a padding sequence's chunk states were never written
+    b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+    # G_i - G_j <= 0 for i >= j inside the sequence; the minimum keeps rows past its end (G = 0) finite
+    b_A = tl.where(incl, b_A * tl.exp(tl.minimum(b_G[:, None] - b_G[None, :], 0.0)), 0.0)
+    return tl.dot(b_q, b_S, input_precision=PREC) * tl.exp(b_G)[:, None] + tl.dot(b_A, b_vn, input_precision=PREC)
+
+
+@triton.jit
 def _load_rows(x, rows, cols, m_t, ROW: tl.constexpr):
     """x[rows][:, cols] of a row-major [T, ROW] input as float32 [BT, len(cols)]; rows outside m_t read 0."""
     return tl.load(x + rows[:, None] * ROW + cols[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -279,12 +310,11 @@ def _state_kernel(
     chunk_cu,
     seg_cu,
     seg_seq,
-    qs,
     ks,
     ws,
     us,
     gs,
-    out,
+    hs,
     trans,
     starts,
     N,
@@ -297,9 +327,6 @@ def _state_kernel(
     SEG: tl.constexpr,
     TRANSFER: tl.constexpr,
     FROM_POOL: tl.constexpr,
-    IO_MANT: tl.constexpr,
-    IO_TINY: tl.constexpr,
-    IO_MAGIC: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """One program per (segment, value head, column tile); see `run_state_kernel`.
@@ -309,9 +336,8 @@ def _state_kernel(
     TRANSFER: the segment's affine map (M, D) = (A_m ... A_1, the state it makes of zero), by the
     same step on the augmented columns [S | X], S from 0 with u, X from I with u = 0; stored as
     trans[segment] = [D | M] ([K, V + K]). Otherwise: from the state entering the segment
-    (`_segment_starts_kernel`'s), each chunk's output o = exp(G) (q S) + tril(q k^T exp(G_i - G_j))
-    v_new from the state entering it, rounded to out's grid (IO_*) into out's columns, and the final
-    state into the pool; a padding sequence's rows get zeros.
+    (`_segment_starts_kernel`'s), the chunks with their entering states (hs) and v_new (in place
+    of u) stored, and the final state into the pool.
     A segment is SEG chunks, the last one the rest of its sequence. FROM_POOL: no sequence of the
     call is cut (seg_cu, seg_seq, trans and starts unused): program i_s is sequence i_s, from its
     pool state; the same values as through starts, one launch fewer.
@@ -324,6 +350,8 @@ def _state_kernel(
         if n >= N:  # past the last segment (the grid is an upper bound)
             return
     slot = tl.load(slots + n)
+    if slot < 0:
+        return
     R: tl.constexpr = HV // HK
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
@@ -339,14 +367,6 @@ def _state_kernel(
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, BT)
     o_c = i_v * BV + tl.arange(0, BV)  # the columns this program owns (of S, or of [S | X])
-    j_end = tl.where(s == n_segs - 1, n_chunks, s * SEG + SEG)
-    if slot < 0:  # padding: zeros out, nothing else
-        if not TRANSFER:
-            for j in range(s * SEG, j_end):
-                rows = bos + j * BT + o_t
-                p_o = out + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
-                tl.store(p_o, tl.zeros([BT, BV], dtype=out.dtype.element_ty), mask=(rows < eos)[:, None])
-        return
     p_pool = state + (slot.to(tl.int64) * HV + i_h) * (V * K) + o_c[None, :] * K + o_k[:, None]  # [V, K] as [K, BV]
     if TRANSFER:
         if s == n_segs - 1:  # the last segment's map is never used
@@ -358,29 +378,24 @@ def _state_kernel(
         # always from starts: a choice between the pool and starts (an if block, or two masked
         # loads and a select) made the serial recurrence 11-29 % slower on the H200
         b_S = tl.load(starts + ((s0 + s) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :])
-    incl = o_t[:, None] >= o_t[None, :]
+    j_end = tl.where(s == n_segs - 1, n_chunks, s * SEG + SEG)
     for j in range(s * SEG, j_end):
         rows = bos + j * BT + o_t
         m_t = rows < eos
+        if not TRANSFER:
+            p_hs = hs + ((c0 + j) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :]
+            tl.store(p_hs, b_S)  # the state entering chunk j, for the output kernel
         b_w = tl.load(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], mask=m_t[:, None], other=0.0)
         p_u = us + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
         # X's columns take u = 0; S's alone keep the row mask (a column mask cost 7 % on the H200)
         m_u = (m_t[:, None] & (o_c < V)[None, :]) if TRANSFER else m_t[:, None]
         b_vn = tl.load(p_u, mask=m_u, other=0.0) - tl.dot(b_w, b_S, input_precision=PREC)
+        if not TRANSFER:
+            tl.store(p_u, b_vn, mask=m_u)  # u becomes v_new in place
         last = tl.minimum(bos + j * BT + BT, eos) - 1
         g_last = tl.load(gs + last * HV + i_h)
         b_G = tl.load(gs + rows * HV + i_h, mask=m_t, other=0.0)
-        p_k = rows[:, None] * (HK * K) + (i_h // R) * K + o_k[None, :]
-        b_k = tl.load(ks + p_k, mask=m_t[:, None], other=0.0)
-        if not TRANSFER:
-            b_q = tl.load(qs + p_k, mask=m_t[:, None], other=0.0)
-            b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
-            # G_i - G_j <= 0 for i >= j inside the sequence; the minimum keeps rows past its end (G = 0) finite
-            b_A = tl.where(incl, b_A * tl.exp(tl.minimum(b_G[:, None] - b_G[None, :], 0.0)), 0.0)
-            b_o = tl.dot(b_q, b_S, input_precision=PREC) * tl.exp(b_G)[:, None]
-            b_o = round_rne(b_o + tl.dot(b_A, b_vn, input_precision=PREC), IO_MANT, IO_TINY, IO_MAGIC)
-            p_o = out + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
-            tl.store(p_o, b_o.to(out.dtype.element_ty), mask=m_t[:, None])
+        b_k = tl.load(ks + rows[:, None] * (HK * K) + (i_h // R) * K + o_k[None, :], mask=m_t[:, None], other=0.0)
         b_kd = b_k * tl.exp(g_last - b_G)[:, None]
         b_S = b_S * tl.exp(g_last) + tl.dot(tl.trans(b_kd), b_vn, input_precision=PREC)
     if TRANSFER:
@@ -415,17 +430,52 @@ def _segment_starts_kernel(
             b_S = tl.dot(b_M, b_S, input_precision=PREC) + tl.load(p_map + o_v[None, :])
 
 
+@triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
+def _output_kernel(
+    qs,
+    ks,
+    us,
+    gs,
+    hs,
+    out,
+    chunk_seq,
+    chunk_cu,
+    cu_seqlens,
+    slots,
+    N,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    BT: tl.constexpr,
+    IO_MANT: tl.constexpr,
+    IO_TINY: tl.constexpr,
+    IO_MAGIC: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n = tl.load(chunk_seq + i_c)
+    if n >= N:
+        return
+    live = tl.load(slots + n) >= 0  # padding rows get zeros
+    _, length, _, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
+    m_live = p < tl.where(live, length, 0)  # (a scalar boolean cannot mask a block in the interpreter)
+    o_v = i_v * BV + tl.arange(0, BV)
+    b_o = chunk_output(qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, PREC)
+    b_o = round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
+    tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
+
+
 # --- host --------------------------------------------------------------------------------------
 
 STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
-STATE_WARPS = 4
-
-
-def state_stages(head_k_dim: int) -> int:
-    """The state kernel's pipeline stages, fixed per shape: each stage buffers the chunk's q, k and
-    w tiles ([BT, K] float32 each) in shared memory, and Triton's default 3 at K = 128 asks 321 KB
-    of the H200's 227 KB."""
-    return 2 if head_k_dim <= 128 else 1
+# the output kernel's V tile and warps (fixed per shape): 64 values at 4 warps took 0.74-0.78x the
+# time of the whole row at 8 on the H200, 64 at 8 warps 0.82-0.83x, 32 at 4 warps 0.90-1.10x, 2
+# warps 1.5-2.0x; every tiling gave the same bits (scratch probe of 727f5c4 at 16k and 64k tokens,
+# 1 to 16 sequences; data/bench/h200/README.md)
+OUTPUT_BLOCK_V = 64
+OUTPUT_WARPS = 4
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
 SEGMENT_FROM = 16384  # a sequence of more tokens than this is split into segments (never per batch)
 
@@ -519,7 +569,8 @@ class Scratch:
 
     Attributes:
         qs, ks: [T, HK, K] normalized q (scaled) and k.
-        ws: [T, HV, K]; us: [T, HV, V]; gs: [T, HV] cumulative log decay.
+        ws: [T, HV, K]; us: [T, HV, V] (u, then v_new in place); gs: [T, HV] cumulative log decay.
+        hs: [max_chunks, HV, K, V] the state entering each chunk.
         trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`).
         starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`).
             trans and starts are None when no sequence of the call can be cut.
@@ -530,6 +581,7 @@ class Scratch:
     ws: torch.Tensor
     us: torch.Tensor
     gs: torch.Tensor
+    hs: torch.Tensor
     trans: torch.Tensor | None
     starts: torch.Tensor | None
 
@@ -581,6 +633,7 @@ def chunked_run(
         torch.empty(T, HV, K, **f32),
         torch.empty(T, HV, V, **f32),
         torch.empty(T, HV, **f32),
+        torch.empty(plan.max_chunks, HV, K, V, **f32),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V + K, **f32),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V, **f32),
     )
@@ -630,19 +683,12 @@ def run_state_kernel(
     slots: torch.Tensor,
     cu_seqlens: torch.Tensor,
     num_k_heads: int,
-    out: torch.Tensor,
     block_v: int = STATE_BLOCK_V,
-    num_warps: int = STATE_WARPS,
+    num_warps: int = 4,
     num_stages: int | None = None,
 ):
-    """The state recurrence, segment-parallel, and the output: reads and writes state[slots]
-    ([num_slots, HV, V, K] float32, contiguous) and writes out ([T, HV, V], rounded to its dtype;
-    zeros on a padding sequence's rows).
-
-    Each chunk's output comes from the state entering it while the recurrence holds that state in
-    registers (o = exp(G) (q S) + tril(q k^T exp(G_i - G_j)) v_new, as fla's chunk_fwd_o), so no
-    chunk state is stored: a separate output launch read every chunk's [K, V] state back, 2 KB a
-    token and value head in float32.
+    """The state recurrence, segment-parallel: reads and writes state[slots] ([num_slots, HV, V, K]
+    float32, contiguous).
 
     The recurrence over a sequence's chunks is affine in the state (S <- A_j S + B_j), so, as in
     the parallel scans of linear recurrences (Blelloch, "Prefix sums and their applications",
@@ -674,10 +720,9 @@ def run_state_kernel(
     args = dict(
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
         seg_cu=None if segs is None else segs.chunk_cu, seg_seq=None if segs is None else segs.chunk_seq,
-        qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, out=out, trans=s.trans, starts=s.starts,
-        N=n, HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, SEG=run.segment_chunks,
-        **grid_args("IO", out.dtype), PREC=run.prec,
-        **_launch_options(num_warps, state_stages(K) if num_stages is None else num_stages),
+        ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
+        N=n, HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, SEG=run.segment_chunks, PREC=run.prec,
+        **_launch_options(num_warps, num_stages),
     )  # fmt: skip
     if segs is None:
         _state_kernel[(n, HV, V // bv)](**args, TRANSFER=False, FROM_POOL=True)
@@ -688,6 +733,30 @@ def run_state_kernel(
         HV=HV, K=K, V=V, BV=bv, PREC=run.prec, num_warps=4,
     )  # fmt: skip
     _state_kernel[(segs.max_chunks, HV, V // bv)](**args, TRANSFER=False, FROM_POOL=False)
+
+
+def run_output_kernel(
+    run: ChunkedRun,
+    out: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    slots: torch.Tensor,
+    num_k_heads: int,
+    block_v: int = OUTPUT_BLOCK_V,
+    num_warps: int = OUTPUT_WARPS,
+    num_stages: int | None = None,
+):
+    """Launch 3, every chunk and V tile at once: out ([T, HV, V]) from run's scratch and chunk
+    states. The tile and launch options are for the kernel probe, as `run_prepare_kernel`'s."""
+    HV, V = out.shape[1], out.shape[2]
+    K = run.scratch.qs.shape[2]
+    s = run.scratch
+    bv = min(V, block_v)
+    _output_kernel[(run.plan.max_chunks, HV, V // bv)](
+        qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=out,
+        chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
+        HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, **grid_args("IO", out.dtype), PREC=run.prec,
+        **_launch_options(num_warps, num_stages),
+    )  # fmt: skip
 
 
 def gdn_prefill_chunked(
@@ -706,7 +775,8 @@ def gdn_prefill_chunked(
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     run = chunked_run(cu_seqlens, out, HK, K, chunk_size, segment_chunks, segment_from)
     run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, scale, use_qk_l2norm)
-    run_state_kernel(run, state, slots, cu_seqlens, HK, out)
+    run_state_kernel(run, state, slots, cu_seqlens, HK)
+    run_output_kernel(run, out, cu_seqlens, slots, HK)
     return out
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/probe_gdn_prefill_kernels.py --smoke: every launch of the backend, a state tile, segment lengths (one chunk each, and serial) and a launch option of the prepare are timed."""
+"""benchmarks/probe_gdn_prefill_kernels.py --smoke: every launch of the backend, a state tile and an output tile, segment lengths (one chunk each, and serial) and a launch option of the parallel launches are timed."""
 
 import csv
 
@@ -8,8 +8,12 @@ def test_smoke(tmp_path, run_smoke):
     with (tmp_path / "probe_gdn_prefill_kernels.csv").open() as f:
         rows = list(csv.DictReader(f))
     launches = {r["launch"] for r in rows}
-    assert launches == {"plan+scratch", "prepare", "state", "backend"}
+    assert launches == {"plan+scratch", "prepare", "state", "output", "backend"}
     assert all(r["status"] == "ok" and float(r["us"]) > 0 for r in rows) and rows[0]["env_torch"]
     assert any(r["block_v"] for r in rows if r["launch"] == "state")
-    assert {r["launch"] for r in rows if r["num_warps"] and not r["block_v"] and not r["segment_chunks"]} == {"prepare"}
+    assert any(r["block_v"] for r in rows if r["launch"] == "output")
+    assert {r["launch"] for r in rows if r["num_warps"] and not r["block_v"] and not r["segment_chunks"]} == {
+        "prepare",
+        "output",
+    }
     assert {r["segment_chunks"] for r in rows if r["launch"] == "state"} >= {"1", "serial"}

@@ -3,15 +3,14 @@
 The chunked delta rule of `gdn_lab.ops.delta_rule_triton`, with the layer's stages folded into
 its first and last launches. This module holds the layer's own kernels and stages; the delta-rule
 arithmetic is the @triton.jit helpers gdn_prefill's kernels call (`chunk_rows`, `chunk_gates`,
-`store_w`, `store_u`, `round_rne`), and the state launch is gdn_prefill's:
+`store_w`, `store_u`, `chunk_output`, `round_rne`), and the state launch is gdn_prefill's:
 
 1. `_layer_prepare_kernel` (per chunk and value head): causal conv1d of the interleaved projection
    with the slot's conv history (zeros where has_initial_state is False) + SiLU (`_conv_tile`),
    split into q, k, v on the fly, gates from the interleaved b/a, L2 norm, and the chunk factors;
-2. `run_state_kernel` (per segment, value head, V tile): reads and writes the delta-state slot
-   and writes the delta rule's float32 output over the u scratch;
+2. `run_state_kernel` (per sequence, value head, V tile): reads and writes the delta-state slot;
 3. `_layer_output_kernel` (per chunk and value head, or per group of heads sharing an fp8 group):
-   from that output, gated RMSNorm with z, the store in the input dtype, group-128 fp8 with float32 scales, and, in
+   gated RMSNorm with z, the store in the input dtype, group-128 fp8 with float32 scales, and, in
    each sequence's last chunk, the conv-state update (`_conv_state_update`, after every launch-1
    read of the old history).
 
@@ -33,6 +32,7 @@ from gdn_lab.ops.delta_rule_triton import (
     SEGMENT_CHUNKS,
     SEGMENT_FROM,
     chunk_gates,
+    chunk_output,
     chunk_rows,
     chunked_run,
     grid_args,
@@ -237,7 +237,11 @@ def _layer_prepare_kernel(
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
 def _layer_output_kernel(
+    qs,
+    ks,
     us,
+    gs,
+    hs,
     out,
     chunk_seq,
     chunk_cu,
@@ -269,6 +273,7 @@ def _layer_output_kernel(
     F8_TINY: tl.constexpr,
     F8_MAGIC: tl.constexpr,
     F8_MAX: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_c, i_g = tl.program_id(0), tl.program_id(1)
     n = tl.load(chunk_seq + i_c)
@@ -288,8 +293,7 @@ def _layer_output_kernel(
     for i_hh in tl.static_range(HPG):
         i_h = i_g * HPG + i_hh
         i_kh = i_h // R
-        p_o = us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :]
-        b_o = tl.load(p_o, mask=m_live[:, None], other=0.0)  # the state kernel's output
+        b_o = chunk_output(qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, PREC)
         # gated RMSNorm with z
         base = i_kh * (2 * K + 2 * R * V)
         z_col = base + 2 * K + R * V + (i_h % R) * V + o_v
@@ -388,18 +392,17 @@ def gdn_layer_prefill_fused(
         HK=HK, HV=HV, K=D, V=D, BT=chunk_size, W=width, HAS_BIAS=conv_bias is not None, EPS=L2NORM_EPS,
         SOFTPLUS_T=SOFTPLUS_THRESHOLD, **io, PREC=run.prec, num_warps=num_warps_for(chunk_size * D, chunk_size * D),
     )  # fmt: skip
-    # the delta rule's output over u: each program overwrites only the rows and columns it has read
-    run_state_kernel(run, delta_state, cache_indices, cu_seqlens, HK, s.us)
+    run_state_kernel(run, delta_state, cache_indices, cu_seqlens, HK)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
     f8 = grid_of(fp8_dtype if quantize_fp8 else torch.float8_e4m3fn)
     _layer_output_kernel[(run.plan.max_chunks, HV // heads_per_group)](
-        us=s.us, out=normalized,
+        qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=normalized,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=cache_indices,
         qkvz=qkvz, norm_weight=norm_weight.contiguous(), conv_state=conv_state, has_initial_state=has_initial_state,
         quantized=quantized, scales=scales, eps=eps, N=N,
         HK=HK, HV=HV, K=D, V=D, BT=chunk_size, HPG=heads_per_group, W=width, WP=pow2_at_least(width - 1, floor=1),
         QUANT=quantize_fp8, GROUP=FP8_GROUP, AMAX_FLOOR=AMAX_FLOOR, **io,
-        F8_MANT=f8.mant, F8_TINY=f8.tiny, F8_MAGIC=f8.magic, F8_MAX=f8.max,
+        F8_MANT=f8.mant, F8_TINY=f8.tiny, F8_MAGIC=f8.magic, F8_MAX=f8.max, PREC=run.prec,
         num_warps=num_warps_for(D * D),
     )  # fmt: skip
     return normalized, quantized, scales
