@@ -7,13 +7,15 @@ copy with unit scales, as that bench times them.
 inputs when fla is installed (the bench's inputs: benchmarks/bench_gdn_prefill.py). Each is called
 twice before the range (compiles, autotuning), so the range holds exactly one call of each.
 
-On the H200 (the decode figures are in data/bench/h200/README.md):
+On the H200 (the decode figures are in data/bench/h200/README.md, the prefill report of 2026-12-03
+in data/bench/h200/ncu_gdn_prefill_ee19c6f.txt):
 
     ncu --clock-control none --profile-from-start off -k regex:_decode_partition_kernel \\
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
         --section MemoryWorkloadAnalysis python3 benchmarks/probe_ncu.py decode
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
-        --section LaunchStats python3 benchmarks/probe_ncu.py prefill
+        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \\
+        python3 benchmarks/probe_ncu.py prefill
 
 `--smoke` runs tiny shapes (the CPU interpreter by default; see --device) and checks the outputs
 are finite, without a profiler range.
