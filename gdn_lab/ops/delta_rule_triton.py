@@ -7,7 +7,8 @@ that only the state recurrence walks a sequence, segment by segment:
 1. `_prepare_kernel`, one program per (chunk, value head), all chunks at once: the L2 norm of q
    and k, the gates (`chunk_gates`), the chunk's cumulative log decay G,
    A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 (blocked: `_unit_lower_inverse`),
-   w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into fp32 scratch.
+   w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into fp32 scratch, k and v
+   in column pieces.
 2. `run_state_kernel`'s launches: `_state_kernel`, one program per (segment, value head, V tile),
    chunk after chunk: it stores the state entering each chunk, turns u into v_new = u - w S (S as
    [K, V]), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to
@@ -178,25 +179,25 @@ def chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV: tl.constexpr, 
 
 
 @triton.jit
-def store_w(
-    b_k, b_beta, b_G, ws, rows, m_t, i_h, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr
-):
-    """T = (I + strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)))^-1; stores w = T (beta exp(G) k) and returns T."""
-    o_k = tl.arange(0, K)
+def chunk_inverse(kk, b_beta, b_G, BT: tl.constexpr, PREC: tl.constexpr):
+    """T = (I + strict_tril(beta_i kk_ij exp(G_i - G_j)))^-1, kk the chunk's normalized k k^T."""
     o_t = tl.arange(0, BT)
     strict = o_t[:, None] > o_t[None, :]
     decay = tl.exp(tl.where(strict, b_G[:, None] - b_G[None, :], 0.0))
-    kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-    b_T = _unit_lower_inverse(tl.where(strict, b_beta[:, None] * kk * decay, 0.0), BT, PREC)
-    b_w = tl.dot(b_T, b_k * (b_beta * tl.exp(b_G))[:, None], input_precision=PREC)
-    tl.store(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], b_w, mask=m_t[:, None])
-    return b_T
+    return _unit_lower_inverse(tl.where(strict, b_beta[:, None] * kk * decay, 0.0), BT, PREC)
 
 
 @triton.jit
-def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, HV: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr):
-    """Stores u = T (beta v)."""
-    o_v = tl.arange(0, V)
+def store_w(b_T, b_k, b_scale, ws, rows, m_t, i_h, o_k, HV: tl.constexpr, K: tl.constexpr, PREC: tl.constexpr):
+    """Stores w = T (b_scale k) at the key columns o_k (b_k: k's values there; b_scale [BT]: beta exp(G),
+    times each row's L2 norm factor when b_k is not normalized)."""
+    b_w = tl.dot(b_T, b_k * b_scale[:, None], input_precision=PREC)
+    tl.store(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], b_w, mask=m_t[:, None])
+
+
+@triton.jit
+def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, o_v, HV: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr):
+    """Stores u = T (beta v) at the value columns o_v (b_v: v's values there)."""
     b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PREC)
     tl.store(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_u, mask=m_t[:, None])
 
@@ -265,11 +266,14 @@ def _prepare_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
+    KP: tl.constexpr,
+    VP: tl.constexpr,
     L2NORM: tl.constexpr,
     EPS: tl.constexpr,
     SOFTPLUS_T: tl.constexpr,
     PREC: tl.constexpr,
 ):
+    """One program per (chunk, value head); k and v in pieces of KP and VP columns (`column_piece`)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     n = tl.load(chunk_seq + i_c)
     if n >= N:  # past the last chunk (the grid is an upper bound)
@@ -281,25 +285,40 @@ def _prepare_kernel(
     i_kh = i_h // R
     _, _, _, _, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     o_k = tl.arange(0, K)
-    o_v = tl.arange(0, V)
     b_a = tl.load(a + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
     b_b = tl.load(b + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
     b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
 
-    # tiles are made in the order they are consumed, so that few are alive at once
-    b_k = _load_rows(k, rows, i_kh * K + o_k, m_t, HK * K)
+    # k and v in column pieces, k read again for w after T: fewer tiles live across the inverse
+    # (the launch 722 against 866 us with whole tiles at 65536 tokens on the H200, the same error;
+    # data/bench/h200/README.md). kk comes from the raw rows scaled by their norms.
+    o_kp = tl.arange(0, KP)
+    o_vp = tl.arange(0, VP)
+    sq = tl.zeros([BT], dtype=tl.float32)
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for c in tl.static_range(K // KP):
+        b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, HK * K)
+        sq += tl.sum(b_kc * b_kc, 1)
+        kk += tl.dot(b_kc, tl.trans(b_kc), input_precision=PREC)
+    r_k = tl.full([BT], 1.0, tl.float32)
     if L2NORM:
-        b_k = l2norm_rows(b_k, EPS)
-    if i_h % R == 0:  # one value head per key head writes the shared normalized q and k
-        p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
-        tl.store(ks + p_qk, b_k, mask=m_t[:, None])
+        r_k = tl.math.rsqrt(sq + EPS)
+    b_T = chunk_inverse(kk * r_k[:, None] * r_k[None, :], b_beta, b_G, BT, PREC)
+    s_w = r_k * b_beta * tl.exp(b_G)
+    for c in tl.static_range(K // KP):
+        b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, HK * K)
+        if i_h % R == 0:  # one value head per key head writes the shared normalized k (and q, below)
+            p_k = ks + rows[:, None] * (HK * K) + i_kh * K + c * KP + o_kp[None, :]
+            tl.store(p_k, b_kc * r_k[:, None], mask=m_t[:, None])
+        store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, PREC)
+    for c in tl.static_range(V // VP):
+        b_vc = _load_rows(v, rows, i_h * V + c * VP + o_vp, m_t, HV * V)
+        store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, PREC)
+    if i_h % R == 0:
         b_q = _load_rows(q, rows, i_kh * K + o_k, m_t, HK * K)
         if L2NORM:
             b_q = l2norm_rows(b_q, EPS)
-        tl.store(qs + p_qk, b_q * scale, mask=m_t[:, None])
-    b_T = store_w(b_k, b_beta, b_G, ws, rows, m_t, i_h, HV, K, BT, PREC)
-    b_v = _load_rows(v, rows, i_h * V + o_v, m_t, HV * V)
-    store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, HV, V, PREC)
+        tl.store(qs + rows[:, None] * (HK * K) + i_kh * K + o_k[None, :], b_q * scale, mask=m_t[:, None])
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
@@ -646,6 +665,11 @@ def num_warps_for(*tile_elems: int, at: int = 8192) -> int:
     return 8 if max(tile_elems) >= at else 4
 
 
+def column_piece(d: int) -> int:
+    """The prepare kernel's column pieces of a head dim d, fixed per shape: halves, down to tl.dot's 16."""
+    return d // 2 if d >= 32 else d
+
+
 # the prepare kernel's tiles of 64 x 128 took 0.66x the time at 4 warps as at 8 on the H200, at
 # every size and stage count (probe_gdn_prefill_kernels.csv of 76a8564); 8 only past that
 PREPARE_WARPS_AT = 16384
@@ -672,7 +696,7 @@ def run_prepare_kernel(
         q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
         qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=scale, N=slots.numel(),
-        HK=HK, HV=HV, K=K, V=V, BT=bt, L2NORM=use_qk_l2norm, EPS=L2NORM_EPS,
+        HK=HK, HV=HV, K=K, V=V, BT=bt, KP=column_piece(K), VP=column_piece(V), L2NORM=use_qk_l2norm, EPS=L2NORM_EPS,
         SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, **_launch_options(warps, num_stages),
     )  # fmt: skip
 

@@ -3,7 +3,7 @@
 The chunked delta rule of `gdn_lab.ops.delta_rule_triton`, with the layer's stages folded into
 its first and last launches. This module holds the layer's own kernels and stages; the delta-rule
 arithmetic is the @triton.jit helpers gdn_prefill's kernels call (`chunk_rows`, `chunk_gates`,
-`store_w`, `store_u`, `chunk_output`, `round_rne`), and the state launch is gdn_prefill's:
+`chunk_inverse`, `store_w`, `store_u`, `chunk_output`, `round_rne`), and the state launch is gdn_prefill's:
 
 1. `_layer_prepare_kernel` (per chunk and value head): causal conv1d of the interleaved projection
    with the slot's conv history (zeros where has_initial_state is False) + SiLU (`_conv_tile`),
@@ -32,6 +32,7 @@ from gdn_lab.ops.delta_rule_triton import (
     SEGMENT_CHUNKS,
     SEGMENT_FROM,
     chunk_gates,
+    chunk_inverse,
     chunk_output,
     chunk_rows,
     chunked_run,
@@ -226,13 +227,14 @@ def _layer_prepare_kernel(
         )  # fmt: skip
         b_q = l2norm_rows(b_q, EPS)
         tl.store(qs + p_qk, b_q * scale, mask=m_t[:, None])
-    b_T = store_w(b_k, b_beta, b_G, ws, rows, m_t, i_h, HV, K, BT, PREC)
+    b_T = chunk_inverse(tl.dot(b_k, tl.trans(b_k), input_precision=PREC), b_beta, b_G, BT, PREC)
+    store_w(b_T, b_k, b_beta * tl.exp(b_G), ws, rows, m_t, i_h, o_k, HV, K, PREC)
     b_v = _conv_tile(
         qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
         base + 2 * K + (i_h % R) * V + o_v, 2 * HK * K + i_h * V + o_v, ROW, W, HAS_BIAS, BT, V,
         IO_MANT, IO_TINY, IO_MAGIC,
     )  # fmt: skip
-    store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, HV, V, PREC)
+    store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, o_v, HV, V, PREC)
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
