@@ -36,6 +36,7 @@ from gdn_lab.ops.delta_rule_triton import (
     chunk_output,
     chunk_rows,
     chunked_run,
+    column_piece,
     grid_args,
     grid_of,
     l2norm_rows,
@@ -178,6 +179,8 @@ def _layer_prepare_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
+    KP: tl.constexpr,
+    VP: tl.constexpr,
     W: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EPS: tl.constexpr,
@@ -198,7 +201,6 @@ def _layer_prepare_kernel(
     i_kh = i_h // R
     bos, _, p_first, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     o_k = tl.arange(0, K)
-    o_v = tl.arange(0, V)
     # Qwen3-Next's interleaved projection: per key head [q | k | v (R heads) | z (R heads)]; the
     # conv channels are [q of every key head | k | v of every value head]
     ROW: tl.constexpr = HK * (2 * K + 2 * R * V)
@@ -212,29 +214,47 @@ def _layer_prepare_kernel(
     b_a = tl.load(ba + rows * (2 * HV) + ba_col + R, mask=m_t, other=0.0).to(tl.float32)
     b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
 
-    # tiles are made in the order they are consumed, so that few are alive at once
-    b_k = _conv_tile(
-        qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
-        base + K + o_k, HK * K + i_kh * K + o_k, ROW, W, HAS_BIAS, BT, K, IO_MANT, IO_TINY, IO_MAGIC,
-    )  # fmt: skip
-    b_k = l2norm_rows(b_k, EPS)
-    if i_h % R == 0:  # one value head per key head writes the shared normalized q and k
-        p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
-        tl.store(ks + p_qk, b_k, mask=m_t[:, None])
+    # k and v in column pieces, k's conv again for w after T, q last: fewer tiles live across the
+    # inverse (as gdn_prefill's prepare, `_prepare_kernel`)
+    o_kp = tl.arange(0, KP)
+    o_vp = tl.arange(0, VP)
+    sq = tl.zeros([BT], dtype=tl.float32)
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for c in tl.static_range(K // KP):
+        b_kc = _conv_tile(
+            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
+            base + K + c * KP + o_kp, HK * K + i_kh * K + c * KP + o_kp, ROW, W, HAS_BIAS, BT, KP,
+            IO_MANT, IO_TINY, IO_MAGIC,
+        )  # fmt: skip
+        sq += tl.sum(b_kc * b_kc, 1)
+        kk += tl.dot(b_kc, tl.trans(b_kc), input_precision=PREC)
+    r_k = tl.math.rsqrt(sq + EPS)
+    b_T = chunk_inverse(kk * r_k[:, None] * r_k[None, :], b_beta, b_G, BT, PREC)
+    s_w = r_k * b_beta * tl.exp(b_G)
+    for c in tl.static_range(K // KP):
+        b_kc = _conv_tile(
+            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
+            base + K + c * KP + o_kp, HK * K + i_kh * K + c * KP + o_kp, ROW, W, HAS_BIAS, BT, KP,
+            IO_MANT, IO_TINY, IO_MAGIC,
+        )  # fmt: skip
+        if i_h % R == 0:  # one value head per key head writes the shared normalized k (and q, below)
+            p_k = ks + rows[:, None] * (HK * K) + i_kh * K + c * KP + o_kp[None, :]
+            tl.store(p_k, b_kc * r_k[:, None], mask=m_t[:, None])
+        store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, PREC)
+    for c in tl.static_range(V // VP):
+        b_vc = _conv_tile(
+            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
+            base + 2 * K + (i_h % R) * V + c * VP + o_vp, 2 * HK * K + i_h * V + c * VP + o_vp, ROW, W, HAS_BIAS,
+            BT, VP, IO_MANT, IO_TINY, IO_MAGIC,
+        )  # fmt: skip
+        store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, PREC)
+    if i_h % R == 0:
         b_q = _conv_tile(
             qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
             base + o_k, i_kh * K + o_k, ROW, W, HAS_BIAS, BT, K, IO_MANT, IO_TINY, IO_MAGIC,
         )  # fmt: skip
         b_q = l2norm_rows(b_q, EPS)
-        tl.store(qs + p_qk, b_q * scale, mask=m_t[:, None])
-    b_T = chunk_inverse(tl.dot(b_k, tl.trans(b_k), input_precision=PREC), b_beta, b_G, BT, PREC)
-    store_w(b_T, b_k, b_beta * tl.exp(b_G), ws, rows, m_t, i_h, o_k, HV, K, PREC)
-    b_v = _conv_tile(
-        qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
-        base + 2 * K + (i_h % R) * V + o_v, 2 * HK * K + i_h * V + o_v, ROW, W, HAS_BIAS, BT, V,
-        IO_MANT, IO_TINY, IO_MAGIC,
-    )  # fmt: skip
-    store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, o_v, HV, V, PREC)
+        tl.store(qs + rows[:, None] * (HK * K) + i_kh * K + o_k[None, :], b_q * scale, mask=m_t[:, None])
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
@@ -391,7 +411,7 @@ def gdn_layer_prefill_fused(
         A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=cache_indices,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
         qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=D**-0.5, N=N,
-        HK=HK, HV=HV, K=D, V=D, BT=chunk_size, W=width, HAS_BIAS=conv_bias is not None, EPS=L2NORM_EPS,
+        HK=HK, HV=HV, K=D, V=D, BT=chunk_size, KP=column_piece(D), VP=column_piece(D), W=width, HAS_BIAS=conv_bias is not None, EPS=L2NORM_EPS,
         SOFTPLUS_T=SOFTPLUS_THRESHOLD, **io, PREC=run.prec, num_warps=num_warps_for(chunk_size * D, chunk_size * D),
     )  # fmt: skip
     run_state_kernel(run, delta_state, cache_indices, cu_seqlens, HK)
