@@ -268,12 +268,20 @@ def _prepare_kernel(
     BT: tl.constexpr,
     KP: tl.constexpr,
     VP: tl.constexpr,
+    QK_ROW: tl.constexpr,
+    V_ROW: tl.constexpr,
+    G_ROW: tl.constexpr,
+    G_KH: tl.constexpr,
     L2NORM: tl.constexpr,
     EPS: tl.constexpr,
     SOFTPLUS_T: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (chunk, value head); k and v in pieces of KP and VP columns (`column_piece`)."""
+    """One program per (chunk, value head); k and v in pieces of KP and VP columns (`column_piece`).
+
+    q and k are rows of QK_ROW elements ([HK, K] at their start), v of V_ROW ([HV, V]); a and b
+    hold value head h of key head h // R at row * G_ROW + (h // R) * G_KH + h % R.
+    """
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     n = tl.load(chunk_seq + i_c)
     if n >= N:  # past the last chunk (the grid is an upper bound)
@@ -285,8 +293,9 @@ def _prepare_kernel(
     i_kh = i_h // R
     _, _, _, _, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     o_k = tl.arange(0, K)
-    b_a = tl.load(a + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
-    b_b = tl.load(b + rows * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+    g_col = i_kh * G_KH + i_h % R
+    b_a = tl.load(a + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
+    b_b = tl.load(b + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
     b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
 
     # k and v in column pieces, k read again for w after T: fewer tiles live across the inverse
@@ -297,7 +306,7 @@ def _prepare_kernel(
     sq = tl.zeros([BT], dtype=tl.float32)
     kk = tl.zeros([BT, BT], dtype=tl.float32)
     for c in tl.static_range(K // KP):
-        b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, HK * K)
+        b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
         sq += tl.sum(b_kc * b_kc, 1)
         kk += tl.dot(b_kc, tl.trans(b_kc), input_precision=PREC)
     r_k = tl.full([BT], 1.0, tl.float32)
@@ -306,16 +315,16 @@ def _prepare_kernel(
     b_T = chunk_inverse(kk * r_k[:, None] * r_k[None, :], b_beta, b_G, BT, PREC)
     s_w = r_k * b_beta * tl.exp(b_G)
     for c in tl.static_range(K // KP):
-        b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, HK * K)
+        b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
         if i_h % R == 0:  # one value head per key head writes the shared normalized k (and q, below)
             p_k = ks + rows[:, None] * (HK * K) + i_kh * K + c * KP + o_kp[None, :]
             tl.store(p_k, b_kc * r_k[:, None], mask=m_t[:, None])
         store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, PREC)
     for c in tl.static_range(V // VP):
-        b_vc = _load_rows(v, rows, i_h * V + c * VP + o_vp, m_t, HV * V)
+        b_vc = _load_rows(v, rows, i_h * V + c * VP + o_vp, m_t, V_ROW)
         store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, PREC)
     if i_h % R == 0:
-        b_q = _load_rows(q, rows, i_kh * K + o_k, m_t, HK * K)
+        b_q = _load_rows(q, rows, i_kh * K + o_k, m_t, QK_ROW)
         if L2NORM:
             b_q = l2norm_rows(b_q, EPS)
         tl.store(qs + rows[:, None] * (HK * K) + i_kh * K + o_k[None, :], b_q * scale, mask=m_t[:, None])
@@ -685,19 +694,30 @@ def run_prepare_kernel(
     num_warps: int | None = None,
     num_stages: int | None = None,
 ):  # fmt: skip
-    """Launch 1, every chunk at once: normalized q and k, gates, w and u into run's scratch. The
-    launch options are arguments only for the kernel probe (benchmarks/probe_gdn_prefill_kernels.py);
-    the backends use the defaults (`num_warps_for` the tiles, Triton's stages)."""
-    HK, K = q.shape[1], q.shape[2]
+    """Launch 1, every chunk at once: normalized q and k, gates, w and u into run's scratch.
+
+    q, k [T, HK, K] and v [T, HV, V] may be column slices of wider rows (the layer's conv output)
+    with heads and values packed; a and b are [T, HV], or [T, HK, HV // HK] views of an interleaved
+    projection. The launch options are arguments only for the kernel probe
+    (benchmarks/probe_gdn_prefill_kernels.py); the backends use the defaults (`num_warps_for` the
+    tiles, Triton's stages).
+    """
+    T, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
+    a, b = a.view(T, HK, HV // HK), b.view(T, HK, HV // HK)
+    if q.stride() != k.stride() or q.stride()[1:] != (K, 1) or v.stride()[1:] != (V, 1):
+        raise ValueError(f"q, k and v need packed heads: strides {q.stride()}, {k.stride()}, {v.stride()}")
+    if a.stride() != b.stride() or a.stride(2) != 1:
+        raise ValueError(f"a and b need one layout with packed heads: strides {a.stride()}, {b.stride()}")
     s, bt = run.scratch, run.plan.chunk_size
     warps = num_warps_for(bt * K, bt * V, at=PREPARE_WARPS_AT) if num_warps is None else num_warps
     _prepare_kernel[(run.plan.max_chunks, HV)](
         q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
         qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=scale, N=slots.numel(),
-        HK=HK, HV=HV, K=K, V=V, BT=bt, KP=column_piece(K), VP=column_piece(V), L2NORM=use_qk_l2norm, EPS=L2NORM_EPS,
-        SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, **_launch_options(warps, num_stages),
+        HK=HK, HV=HV, K=K, V=V, BT=bt, KP=column_piece(K), VP=column_piece(V),
+        QK_ROW=q.stride(0), V_ROW=v.stride(0), G_ROW=a.stride(0), G_KH=a.stride(1), L2NORM=use_qk_l2norm,
+        EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, **_launch_options(warps, num_stages),
     )  # fmt: skip
 
 

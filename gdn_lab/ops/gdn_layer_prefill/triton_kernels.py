@@ -1,15 +1,19 @@
-"""gdn_layer_prefill fused in Triton: the whole GDN prefill chain in three launches, batch invariant.
+"""gdn_layer_prefill in Triton: the whole GDN prefill chain in four kinds of launch, batch invariant.
 
-The chunked delta rule of `gdn_lab.ops.delta_rule_triton`, with the layer's stages folded into
-its first and last launches. This module holds the layer's own kernels and stages; the delta-rule
-arithmetic is the @triton.jit helpers gdn_prefill's kernels call (`chunk_rows`, `chunk_gates`,
-`chunk_inverse`, `store_w`, `store_u`, `chunk_output`, `round_rne`), and the state launch is gdn_prefill's:
+The chunked delta rule of `gdn_lab.ops.delta_rule_triton` between the layer's own first and last
+launches. This module holds the layer's own kernels and stages; the prepare and state launches are
+gdn_prefill's, and the output launch calls its @triton.jit helpers (`chunk_rows`, `chunk_output`,
+`round_rne`):
 
-1. `_layer_prepare_kernel` (per chunk and value head): causal conv1d of the interleaved projection
-   with the slot's conv history (zeros where has_initial_state is False) + SiLU (`_conv_tile`),
-   split into q, k, v on the fly, gates from the interleaved b/a, L2 norm, and the chunk factors;
-2. `run_state_kernel` (per sequence, value head, V tile): reads and writes the delta-state slot;
-3. `_layer_output_kernel` (per chunk and value head, or per group of heads sharing an fp8 group):
+1. `_conv_kernel` (per chunk and block of conv channels): causal conv1d of the interleaved
+   projection with the slot's conv history (zeros where has_initial_state is False) + SiLU
+   (`_conv_tile`), stored in the input dtype as [q of every key head | k | v of every value head];
+2. `run_prepare_kernel` (per chunk and value head) on column views of that output and of the
+   interleaved b/a: gates, L2 norm, and the chunk factors. Doing the conv inside the prepare
+   kernel instead (the conv recomputed per value head, four taps per tile) made that launch 2065
+   against gdn_prefill's 859 us at 65536 tokens on the H200 (data/bench/h200/README.md);
+3. `run_state_kernel` (per sequence, value head, V tile): reads and writes the delta-state slot;
+4. `_layer_output_kernel` (per chunk and value head, or per group of heads sharing an fp8 group):
    gated RMSNorm with z, the store in the input dtype, group-128 fp8 with float32 scales, and, in
    each sequence's last chunk, the conv-state update (`_conv_state_update`, after every launch-1
    read of the old history).
@@ -27,24 +31,20 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_lab.ops.delta_rule import CHUNK_SIZE, L2NORM_EPS, SOFTPLUS_THRESHOLD
+from gdn_lab.ops.delta_rule import CHUNK_SIZE
 from gdn_lab.ops.delta_rule_triton import (
     SEGMENT_CHUNKS,
     SEGMENT_FROM,
-    chunk_gates,
-    chunk_inverse,
     chunk_output,
     chunk_rows,
     chunked_run,
     column_piece,
     grid_args,
     grid_of,
-    l2norm_rows,
     num_warps_for,
     round_rne,
+    run_prepare_kernel,
     run_state_kernel,
-    store_u,
-    store_w,
 )
 from gdn_lab.ops.triton_common import pow2_at_least
 from gdn_lab.quant import AMAX_FLOOR, FP8_GROUP
@@ -154,107 +154,66 @@ def _conv_state_update(
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
-def _layer_prepare_kernel(
+def _conv_kernel(
     qkvz,
-    ba,
     conv_state,
     conv_weight,
     conv_bias,
     has_initial_state,
-    A_log,
-    dt_bias,
     cu_seqlens,
     slots,
     chunk_seq,
     chunk_cu,
-    qs,
-    ks,
-    ws,
-    us,
-    gs,
-    scale,
+    mixed,
     N,
     HK: tl.constexpr,
     HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
+    D: tl.constexpr,
+    BC: tl.constexpr,
     BT: tl.constexpr,
-    KP: tl.constexpr,
-    VP: tl.constexpr,
     W: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    EPS: tl.constexpr,
-    SOFTPLUS_T: tl.constexpr,
     IO_MANT: tl.constexpr,
     IO_TINY: tl.constexpr,
     IO_MAGIC: tl.constexpr,
-    PREC: tl.constexpr,
 ):
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    """One program per (chunk, BC conv channels): the conv output [q of every key head | k | v of
+    every value head] of the chunk's rows in the input dtype (`_conv_tile`), as the unfused chain
+    stores it. BC divides D, so a block lies in one head."""
+    i_c, i_b = tl.program_id(0), tl.program_id(1)
     n = tl.load(chunk_seq + i_c)
     if n >= N:  # past the last chunk (the grid is an upper bound)
         return
     slot = tl.load(slots + n)
-    if slot < 0:  # padding: nothing to prepare
+    if slot < 0:  # padding: its rows are never read
         return
     R: tl.constexpr = HV // HK
-    i_kh = i_h // R
+    # Qwen3-Next's interleaved projection: per key head [q | k | v (R heads) | z (R heads)]
+    HEAD: tl.constexpr = 2 * D + 2 * R * D
+    CONV_DIM: tl.constexpr = 2 * HK * D + HV * D
     bos, _, p_first, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
-    o_k = tl.arange(0, K)
-    # Qwen3-Next's interleaved projection: per key head [q | k | v (R heads) | z (R heads)]; the
-    # conv channels are [q of every key head | k | v of every value head]
-    ROW: tl.constexpr = HK * (2 * K + 2 * R * V)
-    base = i_kh * (2 * K + 2 * R * V)
-    state_base = slot.to(tl.int64) * (2 * HK * K + HV * V) * (W - 1)
+    c0 = i_b * BC
+    i_v = tl.maximum(c0 - 2 * HK * D, 0) // D  # the value head of a v block
+    col0 = tl.where(
+        c0 < HK * D,
+        (c0 // D) * HEAD + c0 % D,
+        tl.where(
+            c0 < 2 * HK * D,
+            ((c0 - HK * D) // D) * HEAD + D + c0 % D,
+            (i_v // R) * HEAD + 2 * D + (i_v % R) * D + c0 % D,
+        ),
+    )
+    o_c = tl.arange(0, BC)
     # the slot's conv history reaches only the first chunk (and a scalar boolean cannot mask a
     # block in the interpreter: a history length stands in)
     hist_len = tl.where(p_first == 0, tl.where(tl.load(has_initial_state + n) != 0, W - 1, 0), 0)
-    ba_col = i_kh * 2 * R + i_h % R  # per key head [b (R) | a (R)]
-    b_b = tl.load(ba + rows * (2 * HV) + ba_col, mask=m_t, other=0.0).to(tl.float32)
-    b_a = tl.load(ba + rows * (2 * HV) + ba_col + R, mask=m_t, other=0.0).to(tl.float32)
-    b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
-
-    # k and v in column pieces, k's conv again for w after T, q last: fewer tiles live across the
-    # inverse (as gdn_prefill's prepare, `_prepare_kernel`)
-    o_kp = tl.arange(0, KP)
-    o_vp = tl.arange(0, VP)
-    sq = tl.zeros([BT], dtype=tl.float32)
-    kk = tl.zeros([BT, BT], dtype=tl.float32)
-    for c in tl.static_range(K // KP):
-        b_kc = _conv_tile(
-            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
-            base + K + c * KP + o_kp, HK * K + i_kh * K + c * KP + o_kp, ROW, W, HAS_BIAS, BT, KP,
-            IO_MANT, IO_TINY, IO_MAGIC,
-        )  # fmt: skip
-        sq += tl.sum(b_kc * b_kc, 1)
-        kk += tl.dot(b_kc, tl.trans(b_kc), input_precision=PREC)
-    r_k = tl.math.rsqrt(sq + EPS)
-    b_T = chunk_inverse(kk * r_k[:, None] * r_k[None, :], b_beta, b_G, BT, PREC)
-    s_w = r_k * b_beta * tl.exp(b_G)
-    for c in tl.static_range(K // KP):
-        b_kc = _conv_tile(
-            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
-            base + K + c * KP + o_kp, HK * K + i_kh * K + c * KP + o_kp, ROW, W, HAS_BIAS, BT, KP,
-            IO_MANT, IO_TINY, IO_MAGIC,
-        )  # fmt: skip
-        if i_h % R == 0:  # one value head per key head writes the shared normalized k (and q, below)
-            p_k = ks + rows[:, None] * (HK * K) + i_kh * K + c * KP + o_kp[None, :]
-            tl.store(p_k, b_kc * r_k[:, None], mask=m_t[:, None])
-        store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, PREC)
-    for c in tl.static_range(V // VP):
-        b_vc = _conv_tile(
-            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
-            base + 2 * K + (i_h % R) * V + c * VP + o_vp, 2 * HK * K + i_h * V + c * VP + o_vp, ROW, W, HAS_BIAS,
-            BT, VP, IO_MANT, IO_TINY, IO_MAGIC,
-        )  # fmt: skip
-        store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, PREC)
-    if i_h % R == 0:
-        b_q = _conv_tile(
-            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len,
-            base + o_k, i_kh * K + o_k, ROW, W, HAS_BIAS, BT, K, IO_MANT, IO_TINY, IO_MAGIC,
-        )  # fmt: skip
-        b_q = l2norm_rows(b_q, EPS)
-        tl.store(qs + rows[:, None] * (HK * K) + i_kh * K + o_k[None, :], b_q * scale, mask=m_t[:, None])
+    state_base = slot.to(tl.int64) * CONV_DIM * (W - 1)
+    b_x = _conv_tile(
+        qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, col0 + o_c, c0 + o_c,
+        HK * HEAD, W, HAS_BIAS, BT, BC, IO_MANT, IO_TINY, IO_MAGIC,
+    )  # fmt: skip
+    p_x = mixed + rows[:, None] * CONV_DIM + c0 + o_c[None, :]
+    tl.store(p_x, b_x.to(p_x.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
@@ -405,15 +364,20 @@ def gdn_layer_prefill_fused(
     io = grid_args("IO", dtype)
     run = chunked_run(cu_seqlens, normalized, HK, D, chunk_size, segment_chunks, segment_from)
     s, N = run.scratch, cache_indices.numel()
-    _layer_prepare_kernel[(run.plan.max_chunks, HV)](
-        qkvz=qkvz, ba=projected_ba.contiguous(), conv_state=conv_state, conv_weight=conv_weight.contiguous(),
+    mixed = torch.empty(T, 2 * HK * D + HV * D, dtype=dtype, device=device)
+    block_c = column_piece(D)
+    _conv_kernel[(run.plan.max_chunks, mixed.shape[1] // block_c)](
+        qkvz=qkvz, conv_state=conv_state, conv_weight=conv_weight.contiguous(),
         conv_bias=None if conv_bias is None else conv_bias.contiguous(), has_initial_state=has_initial_state,
-        A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=cache_indices,
-        chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
-        qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=D**-0.5, N=N,
-        HK=HK, HV=HV, K=D, V=D, BT=chunk_size, KP=column_piece(D), VP=column_piece(D), W=width, HAS_BIAS=conv_bias is not None, EPS=L2NORM_EPS,
-        SOFTPLUS_T=SOFTPLUS_THRESHOLD, **io, PREC=run.prec, num_warps=num_warps_for(chunk_size * D, chunk_size * D),
+        cu_seqlens=cu_seqlens, slots=cache_indices, chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
+        mixed=mixed, N=N, HK=HK, HV=HV, D=D, BC=block_c, BT=chunk_size, W=width, HAS_BIAS=conv_bias is not None,
+        **io, num_warps=4,
     )  # fmt: skip
+    ba = projected_ba.contiguous().view(T, HK, 2 * (HV // HK))
+    q, k = mixed[:, : HK * D].view(T, HK, D), mixed[:, HK * D : 2 * HK * D].view(T, HK, D)
+    v = mixed[:, 2 * HK * D :].view(T, HV, D)
+    b, a = ba[..., : HV // HK], ba[..., HV // HK :]
+    run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, cache_indices, D**-0.5, True)
     run_state_kernel(run, delta_state, cache_indices, cu_seqlens, HK)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
     f8 = grid_of(fp8_dtype if quantize_fp8 else torch.float8_e4m3fn)
