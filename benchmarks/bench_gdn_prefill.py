@@ -4,7 +4,7 @@ Qwen3-Next at TP4: HK/HV = 4/8, K = V = 128, conv width 4, bf16 activations, fp3
 T in 1k, 4k, 16k total tokens, split into 1, 4 or 16 equal-length sequences (varlen, cu_seqlens).
 
 gdn_layer_prefill (conv1d + split + gates + L2 norm + delta rule + gated RMSNorm + group-128 fp8):
-- `triton-fused`: ours, three launches, conv and delta states updated in place;
+- `triton-fused`: ours (conv, prepare, state and output launches), conv and delta states updated in place;
 - `torch-chain`: the lab's unfused torch reference (Python loops over sequences and chunks), timed
   ONCE per shape after one warm-up call at the first shape (`timing` = "once"): do_bench would take
   minutes at 16k tokens;

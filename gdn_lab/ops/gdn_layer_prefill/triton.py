@@ -36,7 +36,10 @@ def covered(args: Mapping[str, Any]) -> Check:
     ok, reason = check_head_dim("head_dim", args["head_dim"])
     if not ok:
         return ok, reason
-    return True, "fused Triton chain in 3 launches (conv+split+gates+chunk factors, state recurrence, output+norm+fp8)"
+    return (
+        True,
+        "Triton chain: conv (split on the fly), gdn_prefill's prepare and state recurrence, output+norm+fp8+conv state",
+    )
 
 
 register(
@@ -48,7 +51,7 @@ register(
         available=triton_available,
         covered=covered,
         priority=PRIORITY_TRITON,
-        description="fused Triton chain (chunk 64, 3 launches, conv and delta states in place); fixed config: batch invariant",
+        description="Triton chain (chunk 64, conv, prepare, state, output launches, conv and delta states in place); fixed config: batch invariant",
     )
 )
 register(
