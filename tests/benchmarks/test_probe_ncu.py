@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.parametrize("what", ["decode", "prefill"])
+@pytest.mark.parametrize("what", ["decode", "prefill", "layer"])
 def test_smoke(run_smoke, what):
     done = run_smoke("probe_ncu.py", what, "--smoke")
     assert f"[probe_ncu] {what}:" in done.stdout
