@@ -1,22 +1,22 @@
-"""gdn_layer_prefill in Triton: the whole GDN prefill chain in four kinds of launch, batch invariant.
+"""gdn_layer_prefill in Triton: the whole GDN prefill chain, batch invariant.
 
-The chunked delta rule of `gdn_lab.ops.delta_rule_triton` between the layer's own first and last
-launches. This module holds the layer's own kernels and stages; the prepare and state launches are
-gdn_prefill's, and the output launch calls its @triton.jit helpers (`chunk_rows`, `chunk_output`,
-`round_rne`):
+gdn_prefill's chunked delta rule (`gdn_lab.ops.delta_rule_triton`: its prepare, state and output
+launches) between the layer's own first and last launches:
 
 1. `_conv_kernel` (per chunk and block of conv channels): causal conv1d of the interleaved
    projection with the slot's conv history (zeros where has_initial_state is False) + SiLU
    (`_conv_tile`), stored in the input dtype as [q of every key head | k | v of every value head];
-2. `run_prepare_kernel` (per chunk and value head) on column views of that output and of the
-   interleaved b/a: gates, L2 norm, and the chunk factors. Doing the conv inside the prepare
-   kernel instead (the conv recomputed per value head, four taps per tile) made that launch 2065
-   against gdn_prefill's 859 us at 65536 tokens on the H200 (data/bench/h200/README.md);
-3. `run_state_kernel` (per sequence, value head, V tile): reads and writes the delta-state slot;
-4. `_layer_output_kernel` (per chunk and value head, or per group of heads sharing an fp8 group):
+2. `run_prepare_kernel` on column views of that output and of the interleaved b/a: gates, L2 norm
+   and the chunk factors; `run_state_kernel`: reads and writes the delta-state slot;
+   `run_output_kernel`: the delta rule's output in float32, over its u scratch;
+3. `_layer_norm_kernel` (per chunk and value head, or per group of heads sharing an fp8 group):
    gated RMSNorm with z, the store in the input dtype, group-128 fp8 with float32 scales, and, in
    each sequence's last chunk, the conv-state update (`_conv_state_update`, after every launch-1
    read of the old history).
+
+Before, the conv ran inside the prepare (recomputed per value head, four taps per tile) and the
+norm inside an output kernel of whole value rows: at 65536 tokens in 4 sequences on the H200 those
+two launches took 2065 and 1258 us against gdn_prefill's 859 and 767 (data/bench/h200/README.md).
 
 Rounding choice: the conv output is rounded to the input dtype before the delta rule, exactly as
 the unfused chain stores it between its conv and delta-rule kernels. Keeping it in float32 would
@@ -35,14 +35,13 @@ from gdn_lab.ops.delta_rule import CHUNK_SIZE
 from gdn_lab.ops.delta_rule_triton import (
     SEGMENT_CHUNKS,
     SEGMENT_FROM,
-    chunk_output,
     chunk_rows,
     chunked_run,
     column_piece,
     grid_args,
     grid_of,
-    num_warps_for,
     round_rne,
+    run_output_kernel,
     run_prepare_kernel,
     run_state_kernel,
 )
@@ -217,12 +216,8 @@ def _conv_kernel(
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
-def _layer_output_kernel(
-    qs,
-    ks,
-    us,
-    gs,
-    hs,
+def _layer_norm_kernel(
+    o32,
     out,
     chunk_seq,
     chunk_cu,
@@ -254,8 +249,10 @@ def _layer_output_kernel(
     F8_TINY: tl.constexpr,
     F8_MAGIC: tl.constexpr,
     F8_MAX: tl.constexpr,
-    PREC: tl.constexpr,
 ):
+    """One program per (chunk, group of HPG value heads): the delta rule's float32 output o32
+    [T, HV, V] gated, RMS-normalized and stored in the input dtype (fp8 too with QUANT); in each
+    live sequence's last chunk, the slot's new conv history."""
     i_c, i_g = tl.program_id(0), tl.program_id(1)
     n = tl.load(chunk_seq + i_c)
     if n >= N:
@@ -274,7 +271,8 @@ def _layer_output_kernel(
     for i_hh in tl.static_range(HPG):
         i_h = i_g * HPG + i_hh
         i_kh = i_h // R
-        b_o = chunk_output(qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, PREC)
+        p_o = o32 + rows[:, None] * (HV * V) + i_h * V + o_v[None, :]
+        b_o = tl.load(p_o, mask=m_live[:, None], other=0.0)
         # gated RMSNorm with z
         base = i_kh * (2 * K + 2 * R * V)
         z_col = base + 2 * K + R * V + (i_h % R) * V + o_v
@@ -379,17 +377,18 @@ def gdn_layer_prefill_fused(
     b, a = ba[..., : HV // HK], ba[..., HV // HK :]
     run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, cache_indices, D**-0.5, True)
     run_state_kernel(run, delta_state, cache_indices, cu_seqlens, HK)
+    # the delta rule's output in float32, over u (each output program reads only the u it overwrites)
+    run_output_kernel(run, s.us, cu_seqlens, cache_indices, HK)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
     f8 = grid_of(fp8_dtype if quantize_fp8 else torch.float8_e4m3fn)
-    _layer_output_kernel[(run.plan.max_chunks, HV // heads_per_group)](
-        qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=normalized,
+    _layer_norm_kernel[(run.plan.max_chunks, HV // heads_per_group)](
+        o32=s.us, out=normalized,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=cache_indices,
         qkvz=qkvz, norm_weight=norm_weight.contiguous(), conv_state=conv_state, has_initial_state=has_initial_state,
         quantized=quantized, scales=scales, eps=eps, N=N,
         HK=HK, HV=HV, K=D, V=D, BT=chunk_size, HPG=heads_per_group, W=width, WP=pow2_at_least(width - 1, floor=1),
         QUANT=quantize_fp8, GROUP=FP8_GROUP, AMAX_FLOOR=AMAX_FLOOR, **io,
-        F8_MANT=f8.mant, F8_TINY=f8.tiny, F8_MAGIC=f8.magic, F8_MAX=f8.max, PREC=run.prec,
-        num_warps=num_warps_for(D * D),
+        F8_MANT=f8.mant, F8_TINY=f8.tiny, F8_MAGIC=f8.magic, F8_MAX=f8.max, num_warps=4,
     )  # fmt: skip
     return normalized, quantized, scales
 
