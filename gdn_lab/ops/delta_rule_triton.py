@@ -1,5 +1,5 @@
 """The chunked gated delta rule in Triton, batch-invariant by construction: gdn_prefill's kernels,
-and the @triton.jit pieces that gdn_layer_prefill's fused kernels are built from too.
+which gdn_layer_prefill's Triton chain runs too, and the @triton.jit pieces its own kernels use.
 
 Three stages split the work as fla's chunk_gated_delta_rule and AITER's fused prefill do, so
 that only the state recurrence walks a sequence, segment by segment:
@@ -19,10 +19,10 @@ that only the state recurrence walks a sequence, segment by segment:
 3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values): o = exp(G) (q S_c) +
    (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
 
-The fused layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) launches the same state kernel
-(`run_state_kernel`) between its own prepare and output kernels, which call the same helpers
-with the layer's stages around them (conv1d of the interleaved projection, gated RMSNorm, fp8,
-conv state). Nothing here knows the layer.
+The layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) runs these three stages between its
+own conv and norm launches: the prepare on column views of its conv output and of its
+interleaved b/a (`run_prepare_kernel` takes the row strides), the output in float32 over u.
+Nothing here knows the layer.
 
 Why the bits cannot follow the batch: chunks and segments start at each sequence's first token,
 whether and where a sequence is cut follows from its own length, a program reads only its own
@@ -86,7 +86,7 @@ def grid_args(prefix: str, dtype: torch.dtype) -> dict[str, float | int]:
     return {f"{prefix}_MANT": g.mant, f"{prefix}_TINY": g.tiny, f"{prefix}_MAGIC": g.magic}
 
 
-# --- device helpers (shared with the fused layer's kernels) -------------------------------------
+# --- device helpers (`round_rne` and `chunk_rows` serve the layer's own kernels too) ----------------
 
 
 @triton.jit
