@@ -1,13 +1,22 @@
 """The shared Triton helpers of gdn_lab.ops.delta_rule_triton on the test device (its GPU, or the CPU
 interpreter): `round_rne` against torch's own casts, bit for bit; `_unit_lower_inverse` against a
-float64 inverse; `plan_chunks` against torch's cumsum and searchsorted."""
+float64 inverse; `plan_chunks` against torch's cumsum and searchsorted; `run_prepare_kernel` on
+column views of wider rows (the layer's conv output, its interleaved gates) against the same
+tensors copied out contiguous, bit for bit."""
 
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from gdn_lab.ops.delta_rule_triton import _unit_lower_inverse, grid_of, plan_chunks, round_rne
+from gdn_lab.ops.delta_rule_triton import (
+    _unit_lower_inverse,
+    chunked_run,
+    grid_of,
+    plan_chunks,
+    round_rne,
+    run_prepare_kernel,
+)
 
 
 @triton.jit
@@ -96,3 +105,34 @@ def test_plan_chunks_counts_and_owns_every_chunk(device, lengths, sizes):
         want_seq = torch.searchsorted(want_cu[1:], torch.arange(plan.max_chunks), right=True)  # N past the last
         assert plan.chunk_cu.cpu().tolist() == want_cu.tolist()
         assert plan.chunk_seq.cpu().tolist() == want_seq.tolist()
+
+
+def test_prepare_reads_column_views_as_their_copies(device):
+    """q, k, v as column slices of one wider row and a, b interleaved per key head ([b (R) | a (R)],
+    as gdn_layer_prefill's projection): the scratch equals the prepare's on contiguous copies."""
+    hk, hv, d, lengths = 2, 4, 32, [70, 1, 33]  # 32 columns: the prepare's two 16-column pieces
+    r, T = hv // hk, sum(lengths)
+    g = torch.Generator().manual_seed(0)
+    wide = (
+        torch.randn(T, 2 * hk * d + hv * d + 8, generator=g).to(torch.bfloat16).to(device)
+    )  # + 8: rows wider than q|k|v
+    q, k = wide[:, : hk * d].view(T, hk, d), wide[:, hk * d : 2 * hk * d].view(T, hk, d)
+    v = wide[:, 2 * hk * d : 2 * hk * d + hv * d].view(T, hv, d)
+    ba = torch.randn(T, hk, 2 * r, generator=g).to(torch.bfloat16).to(device)
+    b, a = ba[..., :r], ba[..., r:]
+    A_log, dt_bias = torch.randn(hv, generator=g).to(device), torch.randn(hv, generator=g).to(device)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    slots = torch.arange(len(lengths), dtype=torch.int32, device=device)
+    out = torch.empty(T, hv, d, dtype=torch.bfloat16, device=device)
+    copied = (q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous().view(T, hv), b.contiguous().view(T, hv))
+    scratches = []
+    for args in ((q, k, v, a, b), copied):
+        run = chunked_run(cu, out, hk, d, 64)
+        run_prepare_kernel(run, *args, A_log, dt_bias, cu, slots, d**-0.5, True)
+        scratches.append([getattr(run.scratch, f) for f in ("qs", "ks", "ws", "us", "gs")])
+    assert not q.is_contiguous() and b.stride() == (hk * 2 * r, 2 * r, 1)
+    for name, viewed, plain in zip(("qs", "ks", "ws", "us", "gs"), *scratches):
+        assert torch.equal(viewed, plain), f"{name} differs between the views and their copies"
+    spread = wide[:, : 2 * hk * d].view(T, hk, 2 * d)[..., :d]  # heads 2d apart: not packed
+    with pytest.raises(ValueError, match="packed heads"):
+        run_prepare_kernel(run, spread, k, v, a, b, A_log, dt_bias, cu, slots, d**-0.5, True)
