@@ -16,7 +16,8 @@ launches) between the layer's own first and last launches:
 
 Before, the conv ran inside the prepare (recomputed per value head, four taps per tile) and the
 norm inside an output kernel of whole value rows: at 65536 tokens in 4 sequences on the H200 those
-two launches took 2065 and 1258 us against gdn_prefill's 859 and 767 (data/bench/h200/README.md).
+two launches took 2065 and 1258 us against gdn_prefill's 864 and 786 (torch.profiler;
+data/bench/h200/README.md).
 
 Rounding choice: the conv output is rounded to the input dtype before the delta rule, exactly as
 the unfused chain stores it between its conv and delta-rule kernels. Keeping it in float32 would
@@ -381,6 +382,7 @@ def gdn_layer_prefill_fused(
     run_state_kernel(run, delta_state, cache_indices, cu_seqlens, HK)
     # the delta rule's output in float32, over u (each output program reads only the u it overwrites)
     run_output_kernel(run, s.us, cu_seqlens, cache_indices, HK)
+    # the norm launch at 4 warps (its tiles are [BT, V]; 8 was not compared on the H200)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
     f8 = grid_of(fp8_dtype if quantize_fp8 else torch.float8_e4m3fn)
     _layer_norm_kernel[(run.plan.max_chunks, HV // heads_per_group)](
