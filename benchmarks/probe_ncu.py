@@ -11,7 +11,7 @@ Each is called twice before the range (compiles, autotuning), so the range holds
 of each.
 
 On the H200 (the decode figures are in data/bench/h200/README.md, the prefill report of 2026-12-03
-in data/bench/h200/ncu_gdn_prefill_ee19c6f.txt):
+in data/bench/h200/ncu_gdn_prefill_ee19c6f.txt, the layer's in ncu_layer_cc729b2.txt):
 
     ncu --clock-control none --profile-from-start off -k regex:_decode_partition_kernel \\
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
@@ -19,8 +19,9 @@ in data/bench/h200/ncu_gdn_prefill_ee19c6f.txt):
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
         --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \\
         python3 benchmarks/probe_ncu.py prefill
-    ncu --clock-control none --profile-from-start off -k regex:_conv_kernel --section SpeedOfLight \
-        --section MemoryWorkloadAnalysis --section WarpStateStats python3 benchmarks/probe_ncu.py layer
+    ncu --clock-control none --profile-from-start off -k "regex:_conv_kernel|_layer_norm_kernel|_output_kernel" \\
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
+        --section MemoryWorkloadAnalysis python3 benchmarks/probe_ncu.py layer
 
 `--smoke` runs tiny shapes (the CPU interpreter by default; see --device) and checks the outputs
 are finite, without a profiler range.

@@ -299,7 +299,7 @@ def _prepare_kernel(
     b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
 
     # k and v in column pieces, k read again for w after T: fewer tiles live across the inverse
-    # (the launch 722 against 866 us with whole tiles at 65536 tokens on the H200, the same error;
+    # (the launch 732 against 864 us with whole tiles at 65536 tokens on the H200, the same error;
     # data/bench/h200/README.md). kk comes from the raw rows scaled by their norms.
     o_kp = tl.arange(0, KP)
     o_vp = tl.arange(0, VP)
