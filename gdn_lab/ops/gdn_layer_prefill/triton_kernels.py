@@ -38,7 +38,6 @@ from gdn_lab.ops.delta_rule_triton import (
     SEGMENT_FROM,
     chunk_rows,
     chunked_run,
-    column_piece,
     grid_args,
     grid_of,
     round_rne,
@@ -319,6 +318,12 @@ def _layer_norm_kernel(
 
 # --- host --------------------------------------------------------------------------------------
 
+# the conv launch's channel block and warps, fixed (each channel's bits do not depend on them): 64
+# channels at 2 warps took 581 us at 65536 tokens on the H200, 613 at 4 warps, 622-763 in blocks of
+# 128, 762-813 of 32, the same with the grid's axes swapped (data/bench/h200/README.md)
+CONV_BLOCK_C = 64
+CONV_WARPS = 2
+
 
 def gdn_layer_prefill_fused(
     projected_qkvz,
@@ -364,15 +369,13 @@ def gdn_layer_prefill_fused(
     run = chunked_run(cu_seqlens, normalized, HK, D, chunk_size, segment_chunks, segment_from)
     s, N = run.scratch, cache_indices.numel()
     mixed = torch.empty(T, 2 * HK * D + HV * D, dtype=dtype, device=device)
-    # blocks of 64 channels at 2 warps: 581 us at 65536 tokens on the H200, 613 at 4 warps, 622-763 in
-    # blocks of 128, 762-813 of 32, the same with the grid's axes swapped (data/bench/h200/README.md)
-    block_c = column_piece(D)
+    block_c = min(D, CONV_BLOCK_C)  # head dims are powers of two: a block lies in one head
     _conv_kernel[(run.plan.max_chunks, mixed.shape[1] // block_c)](
         qkvz=qkvz, conv_state=conv_state, conv_weight=conv_weight.contiguous(),
         conv_bias=None if conv_bias is None else conv_bias.contiguous(), has_initial_state=has_initial_state,
         cu_seqlens=cu_seqlens, slots=cache_indices, chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
         mixed=mixed, N=N, HK=HK, HV=HV, D=D, BC=block_c, BT=chunk_size, W=width, HAS_BIAS=conv_bias is not None,
-        **io, num_warps=2,
+        **io, num_warps=CONV_WARPS,
     )  # fmt: skip
     ba = projected_ba.contiguous().view(T, HK, 2 * (HV // HK))
     q, k = mixed[:, : HK * D].view(T, HK, D), mixed[:, HK * D : 2 * HK * D].view(T, HK, D)
