@@ -51,12 +51,21 @@ def _transformers() -> Any:
     return transformers
 
 
-def _uses_fla(module: Any) -> bool:
-    """Whether an imported modeling_qwen3_next bound fla's kernels (it decides at import time)."""
+def _calls_fla_on_the_cpu(module: Any) -> bool:
+    """Whether an imported modeling_qwen3_next sends CPU inputs to fla's kernels.
+
+    transformers binds fla or its torch functions at import time, in a closure; from 5.25 the closure also
+    names the devices fla gets (CPU inputs take the torch path), and the `kernels` package that 5.25
+    requires wraps it in a module whose forward closes over it.
+    """
     fn = getattr(module, "torch_chunk_gated_delta_rule", None)
-    if fn is None:
+    if isinstance(fn, nn.Module):
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func")
+    if not inspect.isfunction(fn):
         return False
-    return bool(inspect.getclosurevars(fn).nonlocals.get("is_new_implementation", False))
+    bound = inspect.getclosurevars(fn).nonlocals
+    devices = bound.get("supported_devices")
+    return bool(bound.get("is_new_implementation", False)) and (devices is None or "cpu" in devices)
 
 
 def qwen3_next_module(torch_path: bool) -> Any:
@@ -69,7 +78,7 @@ def qwen3_next_module(torch_path: bool) -> Any:
     _transformers()
     found = sys.modules.get(QWEN3_NEXT_MODULE)
     if found is not None:
-        if torch_path and _uses_fla(found):
+        if torch_path and _calls_fla_on_the_cpu(found):
             raise RuntimeError(
                 "hf-qwen3-next on the CPU: transformers' Qwen3-Next was imported with flash-linear-attention "
                 "earlier in this process, so its GDN layers call fla's GPU kernels; build it in a fresh process "
