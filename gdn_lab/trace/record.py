@@ -38,7 +38,8 @@ version counter on every in-place op and custom op that declares its mutation, b
 Triton or CUDA kernel launched on an existing tensor, nor a write through `.data`; so a call's
 outputs never reuse what was read when the call began (a module or lab op may write its inputs
 with such a kernel), and `record(..., reuse=False)` reads every tensor at every call for code that
-writes this way between calls.
+writes this way between calls. Tensors made under `torch.inference_mode` keep no version counter
+at all, so they are read at every call that sees them (torch.no_grad keeps the reuse).
 
 Known limits: state a module reads that is not in its arguments (a cache filled in an earlier step)
 is invisible at level="modules"; at level="ops" the lab ops hash it through their slots. A shallow
@@ -382,15 +383,17 @@ class Trace:
         if at < 0:
             at = len(self._calls) - 1
         for path, t in items:
-            if reuse:  # what torch shows of t, read once (each read is a C call)
-                version, ptr, shape, stride = t._version, t.data_ptr(), t.shape, t.stride()
-                dtype, base = t.dtype, t._base
+            hit = None
+            try:
+                version = t._version if reuse else None
+            except RuntimeError:  # an inference tensor keeps no version counter: read at every call
+                version = None
+            if version is not None:  # what torch shows of t, read once (each read is a C call)
+                ptr, shape, stride, dtype, base = t.data_ptr(), t.shape, t.stride(), t.dtype, t._base
                 # A view is kept under its base (which holds its storage and version counter) and its
                 # place in it: a view made anew at every call (a weight's .t()) is read once.
                 owner, key = (t, id(t)) if base is None else (base, (id(base), ptr, shape, stride))
                 hit = seen.get(key)
-            else:
-                hit = None
             # A reuse hit first: under the layout it was read with, it holds its kind (no lookup).
             if (
                 hit is not None
@@ -414,7 +417,7 @@ class Trace:
                 # the row stage now, into its device's arena
                 start = kind.arena.read(as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx),
                                         kind.n, kind.f)  # fmt: skip
-                if reuse:
+                if version is not None:
                     seen[key] = (at, weakref.ref(owner), layout, version, ptr, shape, stride, dtype, kind, start)
                     if len(seen) > self._prune_at:
                         self._prune_seen()
@@ -521,9 +524,19 @@ def _aliases(outputs: list[tuple[str, torch.Tensor]], inputs: list[tuple[str, to
         roots.add(id(t) if base is None else id(base))
     for _, t in outputs:
         base = t._base
-        if (id(t) if base is None else id(base)) not in roots:
+        if (id(t) if base is None else id(base)) not in roots and not (
+            t.is_inference() and _in_storage_of(t, (x for _, x in inputs))
+        ):
             return False
     return True
+
+
+def _in_storage_of(t: torch.Tensor, roots: Iterable[torch.Tensor]) -> bool:
+    """t lies in the storage of one of `roots`. torch keeps no `_base` for a view of an inference
+    tensor (made under inference_mode), so only the storage shows it; checked last, for inference
+    tensors only: it builds a storage object per tensor."""
+    ptr = t.untyped_storage().data_ptr()
+    return any(r.untyped_storage().data_ptr() == ptr for r in roots)
 
 
 def _views_of_first(outputs: list[tuple[str, torch.Tensor]], args: tuple) -> bool:
@@ -536,7 +549,7 @@ def _views_of_first(outputs: list[tuple[str, torch.Tensor]], args: tuple) -> boo
     root = first if base is None else base
     for _, t in outputs:
         base = t._base
-        if (t if base is None else base) is not root:
+        if (t if base is None else base) is not root and not (t.is_inference() and _in_storage_of(t, (root,))):
             return False
     return True
 

@@ -267,6 +267,32 @@ def test_a_write_no_version_counter_sees_is_still_seen_at_the_call_that_made_it(
     assert tr.n_read < tr.n_tensors
 
 
+@pytest.mark.parametrize("level", ["modules", "ops"])
+def test_a_model_run_under_inference_mode_is_recorded_and_its_writes_seen(level):
+    class Outer(nn.Module):  # writes the first module's output in place before the second sees it
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.second, self.net = nn.Identity(), nn.Identity(), Net()
+
+        def forward(self, x):
+            y = self.first(x)
+            y.mul_(2.0)
+            return self.net(self.second(y))
+
+    lay, x = Layout.per_request([0, 1, 2]), torch.randn(3, 4)
+    model = Outer()
+    with torch.no_grad(), record(model, lay, level=level, reuse=False) as want:
+        model(x.clone())
+    with torch.inference_mode():  # inference tensors keep no version counter: each call reads its own
+        inputs = x.clone()
+        with record(model, lay, level=level) as got:
+            model(inputs)
+    assert [(e.name, e.kind) for e in got.entries] == [(e.name, e.kind) for e in want.entries]
+    assert _hashes(got) == _hashes(want)
+    second = next(e for e in got.entries if e.name == "second")
+    assert [got.hash_of(second.inputs[0], r) for r in (0, 1, 2)] == row_hashes(2.0 * x, lay).tolist()
+
+
 def test_lab_op_caches_are_hashed_per_request_through_their_slots():
     class Step(nn.Module):
         def forward(self, q, k, v, a, b, state, slots):

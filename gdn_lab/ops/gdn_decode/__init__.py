@@ -66,13 +66,19 @@ def _check_slots_once(slots: torch.Tensor, num_slots: int) -> None:
     Unchanged means: the same tensor object (a weak reference, so a new tensor at a recycled
     address never matches), the same version counter, data pointer and pool size. Values written
     without moving the version counter (a custom kernel storing through the tensor's pointer) are
-    not seen: pass such a tensor again after `forget_checked_slots()`.
+    not seen: pass such a tensor again after `forget_checked_slots()`. A tensor made under
+    `torch.inference_mode` keeps no version counter, so its values are checked at every call.
     """
+    try:
+        version = slots._version
+    except RuntimeError:  # an inference tensor
+        check_slot_values(slots, num_slots)
+        return
     entry = _CHECKED_SLOTS.get(id(slots))
     if (
         entry is not None
         and entry[0]() is slots
-        and entry[1] == slots._version
+        and entry[1] == version
         and entry[2] == slots.data_ptr()
         and entry[3] == num_slots
     ):
@@ -86,7 +92,7 @@ def _check_slots_once(slots: torch.Tensor, num_slots: int) -> None:
         if _CHECKED_SLOTS.get(key, (None,))[0] is ref:
             del _CHECKED_SLOTS[key]
 
-    _CHECKED_SLOTS[key] = (weakref.ref(slots, forget), slots._version, slots.data_ptr(), num_slots)
+    _CHECKED_SLOTS[key] = (weakref.ref(slots, forget), version, slots.data_ptr(), num_slots)
 
 
 def forget_checked_slots() -> None:

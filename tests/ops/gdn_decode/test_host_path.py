@@ -58,6 +58,22 @@ def test_slot_values_checked_once_per_version(monkeypatch):
     assert len(calls) == n + 3
 
 
+def test_inference_tensors_have_their_slot_values_checked_at_every_call():
+    # An inference tensor keeps no version counter, so nothing shows its values unchanged.
+    with torch.inference_mode():
+        case = {k: v.clone() for k, v in _case().items()}
+        for _ in range(2):
+            SPEC.validate(**case)
+        case["slots"][1] = 0
+        with pytest.raises(ValueError, match="distinct"):
+            SPEC.validate(**case)
+        case["slots"][1] = 2
+        out = gdn_decode_fn(**case, backend="torch")
+    want = _case()
+    assert torch.equal(out, gdn_decode_fn(**want, backend="torch"))
+    assert torch.equal(case["state"], want["state"])
+
+
 def test_signature_key_rejects_what_the_checks_reject():
     case = _case()
     SPEC.validate(**case)  # accepted: its key is memoised
