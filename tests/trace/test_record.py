@@ -293,6 +293,22 @@ def test_a_model_run_under_inference_mode_is_recorded_and_its_writes_seen(level)
     assert [got.hash_of(second.inputs[0], r) for r in (0, 1, 2)] == row_hashes(2.0 * x, lay).tolist()
 
 
+def test_the_lab_model_under_inference_mode_records_what_it_records_under_no_grad():
+    from gdn_lab.model import Model, ModelConfig
+
+    model, prompts, lay = Model(ModelConfig.from_name("tiny")), [[5, 17, 3, 99], [64, 2]], Layout.per_request([0, 1])
+
+    def calls(tr) -> list:
+        return [(e.step, e.name, e.kind, e.backend) for e in tr.entries]
+
+    with record(model, lay, level="ops") as want:
+        model.generate(prompts, 3, trace=want)
+    with torch.inference_mode(), record(model, lay, level="ops") as got:  # its caches are inference tensors too
+        model.generate(prompts, 3, trace=got)
+    assert calls(got) == calls(want) and {"lab_op", "function", "module"} <= {e.kind for e in got.entries}
+    assert _hashes(got) == _hashes(want)
+
+
 def test_lab_op_caches_are_hashed_per_request_through_their_slots():
     class Step(nn.Module):
         def forward(self, q, k, v, a, b, state, slots):
