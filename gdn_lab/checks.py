@@ -91,6 +91,13 @@ def check_tensor(
         raise ValueError(f"{name}: on {t.device}, but the call's tensors are on {device} (all must share a device)")
 
 
+def dense(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A read-only index, length or per-head parameter tensor as every backend's kernel reads it:
+    contiguous, a copy only where it is not (a column of a table, `lens[:, 1]`). Kernels index
+    these with a stride of 1, so a strided one would be read wrongly, without an error."""
+    return None if t is None else t.contiguous()
+
+
 def signature(values: Sequence[object]) -> tuple | None:
     """What shape/dtype validation reads from a call, as a hashable key.
 

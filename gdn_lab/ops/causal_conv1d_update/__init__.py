@@ -39,9 +39,9 @@ def validate(x, conv_state, weight, bias, slots, *, activation: str | None = "si
         "x": x,
         "conv_state": conv_state,
         "weight": weight,
-        "bias": bias,
-        "slots": slots,
-        "activation": activation == "silu",
+        "bias": checks.dense(bias),
+        "slots": checks.dense(slots),
+        "activation": activation,
     }
 
 

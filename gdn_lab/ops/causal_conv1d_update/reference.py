@@ -42,7 +42,7 @@ def causal_conv1d_update_torch(x, conv_state, weight, bias, slots, activation):
         y = y + full[:, :, tap] * w[:, tap]
     if bias is not None:
         y = y + bias.float()
-    if activation:
+    if activation == "silu":
         y = F.silu(y)
     conv_state[idx] = full[:, :, 1:].to(conv_state.dtype)
     out[rows] = y.to(x.dtype)

@@ -138,10 +138,10 @@ def validate(
         "v": v,
         "a": a,
         "b": b,
-        "A_log": A_log,
-        "dt_bias": dt_bias,
+        "A_log": checks.dense(A_log),
+        "dt_bias": checks.dense(dt_bias),
         "state": state,
-        "slots": slots,
+        "slots": checks.dense(slots),
         "scale": resolved,
         "use_qk_l2norm": use_qk_l2norm,
     }

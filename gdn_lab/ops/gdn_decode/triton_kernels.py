@@ -186,7 +186,6 @@ def gdn_decode_triton(
     if B == 0:
         return out
     q, k, v, a, b = q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous()
-    A_log, dt_bias, slots = A_log.contiguous(), dt_bias.contiguous(), slots.contiguous()
     # Every parameter in signature order (the tensors, scale, then the constexprs).
     args = (q, k, v, a, b, A_log, dt_bias, state, slots, out, float(scale), *consts)
     grid = (B * HV * NV, 1, 1)
