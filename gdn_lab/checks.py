@@ -94,8 +94,9 @@ def check_tensor(
 def dense(t: torch.Tensor | None) -> torch.Tensor | None:
     """A read-only index, length or per-head parameter tensor as every backend's kernel reads it:
     contiguous, a copy only where it is not (a column of a table, `lens[:, 1]`). Kernels index
-    these with a stride of 1, so a strided one would be read wrongly, without an error."""
-    return None if t is None else t.contiguous()
+    these with a stride of 1, so a strided one would be read wrongly, without an error. (Asked
+    first: under a recorder's function mode is_contiguous is a metadata read, contiguous a call.)"""
+    return t if t is None or t.is_contiguous() else t.contiguous()
 
 
 def signature(values: Sequence[object]) -> tuple | None:
