@@ -38,6 +38,8 @@ KINDS = (MODULE, FUNCTION, LAB_OP)
 
 
 def _check_request(name: str, trace: Trace, request: int | str) -> None:
+    if isinstance(request, bool) or not isinstance(request, (int, str)):
+        raise ValueError(f"{name}: {request!r} ({type(request).__name__}) is not a request id; accepted: an int or str")
     steps = {e.step for e in trace._entries if request in e.layout}
     if not steps:
         seen = sorted({str(r) for e in trace._entries for r in e.layout.request_ids})[:10]

@@ -134,6 +134,8 @@ def test_bad_arguments_are_rejected():
     _, modules = traces(Net(), "modules", X)
     with pytest.raises(ValueError, match="request_a: request 'nope' is in none"):
         diff(alone, batched, "nope")
+    with pytest.raises(ValueError, match=r"request_b: \['t'\] \(list\) is not a request id; accepted: an int or str"):
+        diff(alone, batched, "t", ["t"])
     with pytest.raises(ValueError, match="level 'ops' and 'modules'"):
         diff(alone, modules, "t")
     with pytest.raises(ValueError, match="tr_b: expected a gdn_lab.trace.Trace"):
