@@ -20,7 +20,9 @@ around each forward, the median of --reps after --warmup. A hooked repetition in
 and leaving `record`; reading the trace (its one device-to-host copy) is `finalize_ms`, measured
 once, and `ratio_with_read` adds it to the hooked forward (recording one forward and reading its
 hashes, against the plain forward); n_tensors counts the tensors hashed, n_read those read from
-memory (a tensor several calls see unchanged is read once). Targets (ratio_vs_plain, judged on CUDA only): <= 1.5 at modules, <= 3 at ops. Every row
+memory (a tensor several calls see unchanged is read once). --inference-mode runs every forward
+(plain ones too) under torch.inference_mode, as vLLM's model runner does: its activations keep no
+version counter, so the recorder reads each at every call (`grad_mode` says which ran). Targets (ratio_vs_plain, judged on CUDA only): <= 1.5 at modules, <= 3 at ops. Every row
 carries the environment fingerprint (`env_*`). Run from the repository root:
 
     python3 benchmarks/bench_trace.py --out OUT_DIR              # the H200 run (a few minutes)
@@ -48,7 +50,7 @@ CSV_NAME = "bench_trace.csv"
 COLUMNS = [
     "model", "mode", "hash_impl", "batch", "tokens_per_request", "tokens", "status", "reason", "ms", "ms_min",
     "ms_max", "reps", "ratio_vs_plain", "target_ratio", "meets_target", "n_entries", "n_tensors", "n_read", "finalize_ms",
-    "ratio_with_read", "dtype", "note",
+    "ratio_with_read", "dtype", "grad_mode", "note",
 ]  # fmt: skip
 MODELS = ("lab", "hf")
 MODES = ("plain", "modules", "ops", "modules-host", "ops-host", "debugmode")
@@ -70,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=None, help="layers of the lab model (default: the preset's 48)")
     p.add_argument("--backend", default=None, help="backend of every lab op (default: auto on CUDA, torch on the CPU)")
     p.add_argument("--hash-impl", default="auto", choices=("auto", "torch", "triton"), help="row-hash implementation")
+    p.add_argument(
+        "--inference-mode", action="store_true", help="every forward under torch.inference_mode (default: no_grad)"
+    )
     p.add_argument("--hf-vocab", type=int, default=151936, help="vocabulary of the HF Qwen3 (its config default)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3; smoke 1)")
     p.add_argument("--reps", type=int, default=None, help="timed calls (default 10; smoke 5)")
@@ -166,8 +171,23 @@ def debug_mode_missing() -> str | None:
     return None
 
 
-def runner(mode: str, model, work: Workload, hash_impl: str, last: dict[str, Any]) -> Callable[[Any], None]:
-    """One forward in `mode`; record modes leave their trace in last[mode]."""
+def runner(
+    mode: str, model, work: Workload, hash_impl: str, last: dict[str, Any], inference: bool = False
+) -> Callable[[Any], None]:
+    """One forward in `mode` (under torch.inference_mode when `inference`); record modes leave their
+    trace in last[mode]."""
+    run = _runner(mode, model, work, hash_impl, last)
+    if not inference:
+        return run
+
+    def under_inference_mode(state):
+        with torch.inference_mode():
+            run(state)
+
+    return under_inference_mode
+
+
+def _runner(mode: str, model, work: Workload, hash_impl: str, last: dict[str, Any]) -> Callable[[Any], None]:
     from gdn_lab.trace import record
 
     layout, _, forward = work
@@ -288,15 +308,16 @@ def _run(args: argparse.Namespace, device: torch.device) -> int:
                     row(model=name, mode=mode, status="error", reason=f"{type(exc).__name__}: {exc}", **s)
             continue
         dt = str(dtype).removeprefix("torch.")
+        grad_mode = "inference_mode" if args.inference_mode else "no_grad"
         for s in shapes:
             work = workload(s["batch"], s["tokens_per_request"])
-            base = dict(model=name, dtype=dt, note=note, **s)
+            base = dict(model=name, dtype=dt, grad_mode=grad_mode, note=note, **s)
             runs, last = {}, {}
             for mode in args.modes:
                 if mode == "debugmode" and debug_missing:
                     row(mode=mode, status="skipped", reason=debug_missing, **base)
                     continue
-                run = runner(mode, model, work, args.hash_impl, last)
+                run = runner(mode, model, work, args.hash_impl, last, args.inference_mode)
                 try:  # a mode that fails is a row; the others are still timed
                     run(work[1]() if work[1] else None)
                 except Exception as exc:

@@ -35,7 +35,7 @@ def test_smoke(tmp_path):
             assert r["reason"] and (r["mode"] == "debugmode" or (r["model"] == "hf-qwen3" and hf_missing))
             continue
         assert r["status"] == "ok", r["reason"]
-        assert float(r["ms"]) > 0 and int(r["reps"]) == 2
+        assert float(r["ms"]) > 0 and int(r["reps"]) == 2 and r["grad_mode"] == "no_grad"
         if r["mode"] != "plain":
             assert float(r["ratio_vs_plain"]) > 0
         if r["mode"] in ("modules", "ops"):
@@ -51,6 +51,26 @@ def test_smoke(tmp_path):
             assert r["n_entries"] == twin["n_entries"] and r["n_tensors"] == twin["n_tensors"]
     modes = {(r["model"], r["mode"]) for r in rows}
     assert ("lab-qwen3-next-tp4", "ops") in modes and ("hf-qwen3", "modules-host") in modes and len(modes) == 12
+
+
+def _rows(mod, out: Path, *extra: str) -> dict:
+    argv = ["--smoke", "--out", str(out), "--modes", "plain,modules,ops", "--shapes", "4x2", "--reps", "1", *extra]
+    assert mod.main(argv) == 0
+    with (out / "bench_trace.csv").open() as f:
+        return {(r["model"], r["mode"]): r for r in csv.DictReader(f)}
+
+
+def test_inference_mode_records_the_same_calls_reading_activations_at_every_call(tmp_path):
+    mod = load()
+    no_grad = _rows(mod, tmp_path / "no_grad")
+    inference = _rows(mod, tmp_path / "inference", "--inference-mode")
+    assert no_grad.keys() == inference.keys()
+    for key, r in inference.items():
+        assert r["grad_mode"] == "inference_mode" and r["status"] in ("ok", "skipped"), r["reason"]
+        if r["status"] == "ok" and key[1] != "plain":
+            twin = no_grad[key]
+            assert (r["n_entries"], r["n_tensors"]) == (twin["n_entries"], twin["n_tensors"])
+            assert int(twin["n_read"]) < int(r["n_read"]) <= int(r["n_tensors"])  # weights are still read once
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the full run is the GPU's")
