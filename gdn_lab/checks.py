@@ -125,6 +125,8 @@ def check_positive(name: str, value: object) -> None:
 
 
 def check_divides(small_name: str, small: int, big_name: str, big: int) -> None:
+    if big <= 0:  # 0 divides by anything: zero query heads would run and return nothing
+        raise ValueError(f"{big_name}: expected at least 1 (a multiple of {small_name} (={small})), got {big}")
     if small <= 0 or big % small != 0:
         raise ValueError(f"{big_name} (={big}) must be divisible by {small_name} (={small})")
 

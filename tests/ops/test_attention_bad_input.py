@@ -41,6 +41,7 @@ def decode_args(**over):
             r"k_cache: expected shape \[P, page, Hkv, D\] with D=16 \(from q\), got \(3, 16, 2, 32\)",
         ),
         (dict(q=torch.randn(2, 3, 32)), r"Hq \(=3\) must be divisible by Hkv \(=2\)"),
+        (dict(q=torch.randn(2, 0, 32)), r"Hq: expected at least 1 \(a multiple of Hkv \(=2\)\), got 0"),
         (
             dict(q=torch.randn(2, 4, 32, dtype=torch.float64)),
             r"q: dtype float64 is not accepted; expected one of bfloat16",
