@@ -7,6 +7,7 @@ tensor must agree with it, so a message can say where the expectation came from:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -136,9 +137,19 @@ def check_choice(name: str, value: object, accepted: Sequence[object]) -> None:
         raise ValueError(f"{name}: {value!r} is not accepted; expected one of {', '.join(map(repr, accepted))}")
 
 
-def check_scale(name: str, scale: object) -> None:
-    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0):
-        raise ValueError(f"{name}: expected a positive float or None (head_dim ** -0.5), got {scale!r}")
+def check_positive_float(name: str, value: object, none: str | None = None) -> None:
+    """value is a finite number > 0 (inf and nan are not: an inf scale or eps makes NaNs), or None
+    where `none` says what None stands for."""
+    if value is None and none is not None:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+        accepted = "a positive finite float" + (f" or None ({none})" if none is not None else "")
+        raise ValueError(f"{name}: expected {accepted}, got {value!r}")
+
+
+def check_bool(name: str, value: object) -> None:
+    if value is not True and value is not False:
+        raise ValueError(f"{name}: expected a bool (True or False), got {value!r}")
 
 
 def host_ints(t: torch.Tensor) -> list[int]:

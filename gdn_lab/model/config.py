@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from gdn_lab import checks
+
 ATTENTION, LINEAR = "full_attention", "linear_attention"
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -118,8 +120,7 @@ class ModelConfig:
         if self.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dtype: {self.dtype} is not accepted; expected float32, bfloat16 or float16")
         for name in ("rms_norm_eps", "rope_theta"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: expected a positive float, got {getattr(self, name)!r}")
+            checks.check_positive_float(name, getattr(self, name))
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> ModelConfig:

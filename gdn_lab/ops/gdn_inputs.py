@@ -32,9 +32,8 @@ def check_gdn_inputs(dims: checks.Dims, lead: str, q, k, v, a, b, A_log, dt_bias
     checks.check_tensor("A_log", A_log, "HV", dims, checks.FLOAT_DTYPES, dev)
     checks.check_tensor("dt_bias", dt_bias, "HV", dims, checks.FLOAT_DTYPES, dev)
     checks.check_tensor("state", state, "S HV V K", dims, (torch.float32,), dev)
-    if not isinstance(use_qk_l2norm, bool):
-        raise ValueError(f"use_qk_l2norm: expected a bool, got {use_qk_l2norm!r}")
-    checks.check_scale("scale", scale)
+    checks.check_bool("use_qk_l2norm", use_qk_l2norm)
+    checks.check_positive_float("scale", scale, none="head_dim ** -0.5")
     return float(dims["K"] ** -0.5 if scale is None else scale)
 
 

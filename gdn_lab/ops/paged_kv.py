@@ -62,6 +62,7 @@ def check_paged_cache(
             raise ValueError(f"{name}: only for fp8 KV caches; pass None for {checks.dtype_name(k_cache.dtype)}")
     if fp8:
         check_fp8_dtype("k_cache", k_cache.dtype, detect(device).arch)
+    checks.check_bool("check_indices", check_indices)
     if not check_indices:
         return
     indptr = checks.host_ints(kv_indptr)
@@ -79,7 +80,7 @@ def check_paged_cache(
 
 
 def resolve_scale(scale, head_dim: int) -> float:
-    checks.check_scale("scale", scale)
+    checks.check_positive_float("scale", scale, none="head_dim ** -0.5")
     return float(head_dim**-0.5 if scale is None else scale)
 
 

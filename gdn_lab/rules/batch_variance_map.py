@@ -382,8 +382,7 @@ def _evaluate(
     checks.check_positive("max_batch", max_batch)
     for name, value in opts.items():
         checks.check_positive(name, value)
-    if not isinstance(include_gemm, bool):
-        raise ValueError(f"include_gemm: expected a bool, got {include_gemm!r}")
+    checks.check_bool("include_gemm", include_gemm)
     entries = list(_attention_entries(m, loc, dev, opts))
     if m.gdn_heads is not None:
         entries += _gdn_entries(m, loc, arch, opts)

@@ -232,6 +232,11 @@ def test_presets():
         pytest.param(lambda: ModelConfig.from_name("tiny", dtype=torch.int8), "dtype", id="dtype"),
         pytest.param(lambda: ModelConfig.from_name("tiny", partial_rotary_factor=0.01), "rotary", id="rope"),
         pytest.param(
+            lambda: ModelConfig.from_name("tiny", rms_norm_eps=float("inf")),
+            "rms_norm_eps: expected a positive finite float, got inf",
+            id="eps",
+        ),
+        pytest.param(
             lambda: Model(ModelConfig.from_name("tiny"), backends={"softmax": "torch"}),
             "not called by the model",
             id="op",

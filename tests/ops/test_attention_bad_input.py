@@ -59,7 +59,7 @@ def decode_args(**over):
         (dict(kv_indices=torch.tensor([0, -1, 2], dtype=torch.int32)), r"kv_indices: entry -1 points outside"),
         (dict(kv_indptr=torch.tensor([0, 2, 1], dtype=torch.int32)), r"kv_indptr: must be non-decreasing"),
         (dict(page_size=1), r"page_size: 1 does not match k_cache's dim 1 \(=16"),
-        (dict(scale=-1.0), r"scale: expected a positive float or None"),
+        (dict(scale=-1.0), r"scale: expected a positive finite float or None"),
         (dict(k_scale=torch.ones(1)), r"k_scale: only for fp8 KV caches"),
     ],
 )

@@ -32,6 +32,7 @@ def validate(x, conv_state, weight, bias, slots, *, activation: str | None = "si
     checks.check_optional("bias", bias, "C", dims, checks.FLOAT_DTYPES, x.device)
     checks.check_tensor("slots", slots, "B", dims, (torch.int32,), x.device)
     checks.check_choice("activation", activation, ("silu", None))
+    checks.check_bool("check_indices", check_indices)
     if check_indices:
         checks.check_index_range("slots", slots, dims["S"], "conv_state.shape[0]", allow_negative=True)
         checks.check_distinct("slots", slots)

@@ -130,6 +130,7 @@ def validate(
                 _ACCEPTED.clear()
             _ACCEPTED[key] = resolved
             _LAST = key, resolved
+    checks.check_bool("check_indices", check_indices)
     if check_indices:
         _check_slots_once(slots, state.shape[0])
     return {

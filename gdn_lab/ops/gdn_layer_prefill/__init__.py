@@ -75,10 +75,9 @@ def validate(
     checks.check_tensor("A_log", A_log, "HV", dims, checks.FLOAT_DTYPES, dev)
     checks.check_tensor("dt_bias", dt_bias, "HV", dims, checks.FLOAT_DTYPES, dev)
     checks.check_tensor("norm_weight", norm_weight, "D", dims, checks.FLOAT_DTYPES, dev)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise ValueError(f"eps: expected a positive float, got {eps!r}")
-    if not isinstance(quantize_fp8, bool):
-        raise ValueError(f"quantize_fp8: expected a bool, got {quantize_fp8!r}")
+    checks.check_positive_float("eps", eps)
+    checks.check_bool("quantize_fp8", quantize_fp8)
+    checks.check_bool("check_indices", check_indices)
     arch = detect(dev).arch
     if fp8_dtype is None:
         fp8_dtype = detect(dev).fp8_dtype

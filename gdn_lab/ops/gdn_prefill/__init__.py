@@ -50,6 +50,7 @@ def validate(
     dims = checks.Dims()
     scale = check_gdn_inputs(dims, "T", q, k, v, a, b, A_log, dt_bias, state, scale, use_qk_l2norm)
     checks.check_tensor("cu_seqlens", cu_seqlens, "N+1", dims, (torch.int32,), q.device)
+    checks.check_bool("check_indices", check_indices)
     check_slots(dims, slots, "N", q.device, check_indices)
     if check_indices:
         check_cu_seqlens(cu_seqlens, dims["T"])

@@ -45,8 +45,7 @@ def validate(
     )
     checks.check_tensor("qo_indptr", qo_indptr, "B+1", dims, (torch.int32,), q.device)
     checks.check_divides("Hkv", dims["Hkv"], "Hq", dims["Hq"])
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal: expected a bool, got {causal!r}")
+    checks.check_bool("causal", causal)
     if check_indices:
         qo = checks.host_ints(qo_indptr)
         checks.check_prefix_sums("qo_indptr", qo, dims["T"], "q.shape[0] (T)")

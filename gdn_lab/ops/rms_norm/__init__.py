@@ -33,8 +33,7 @@ def validate(x, weight, eps: float = 1e-6) -> dict[str, Any]:
     for label in ("N",):  # M = 0 is an empty batch: an empty result
         if dims[label] == 0:
             raise ValueError(f"{label}: must be > 0 ({dims.where(label)})")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise ValueError(f"eps: expected a positive float, got {eps!r}")
+    checks.check_positive_float("eps", eps)
     return {"x": x, "weight": weight, "eps": float(eps)}
 
 

@@ -92,7 +92,7 @@ def test_signature_key_rejects_what_the_checks_reject():
         SPEC.validate(**case, scale=-1.0)
     assert gdn_module._signature(*case.values(), None, True) != gdn_module._signature(*case.values(), None, 1)
     # An unhashable scale cannot be looked up: the full checks run and name it.
-    with pytest.raises(ValueError, match=r"scale: expected a positive float or None .*got \[0\.5\]"):
+    with pytest.raises(ValueError, match=r"scale: expected a positive finite float or None .*got \[0\.5\]"):
         SPEC.validate(**case, scale=[0.5])
 
 

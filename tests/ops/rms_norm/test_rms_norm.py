@@ -82,7 +82,7 @@ def test_controls_are_registered_as_controls():
     ("x", "w", "eps", "match"),
     [
         (torch.randn(2, 8), torch.randn(7), 1e-6, "weight: expected shape"),
-        (torch.randn(2, 8), torch.randn(8), 0.0, "eps: expected a positive float"),
+        (torch.randn(2, 8), torch.randn(8), 0.0, "eps: expected a positive finite float"),
         (torch.randn(8), torch.randn(8), 1e-6, "x: expected 2 dims"),
         (torch.randn(2, 8).to(torch.int32), torch.randn(8), 1e-6, "x: dtype"),
     ],
