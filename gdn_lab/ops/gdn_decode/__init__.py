@@ -130,7 +130,8 @@ def validate(
                 _ACCEPTED.clear()
             _ACCEPTED[key] = resolved
             _LAST = key, resolved
-    checks.check_bool("check_indices", check_indices)
+    if check_indices is not True and check_indices is not False:
+        checks.check_bool("check_indices", check_indices)
     if check_indices:
         _check_slots_once(slots, state.shape[0])
     return {
@@ -139,10 +140,11 @@ def validate(
         "v": v,
         "a": a,
         "b": b,
-        "A_log": checks.dense(A_log),
-        "dt_bias": checks.dense(dt_bias),
+        # checks.dense's contiguous vectors, inlined: this is the eager decode step's host path
+        "A_log": A_log.contiguous(),
+        "dt_bias": dt_bias.contiguous(),
         "state": state,
-        "slots": checks.dense(slots),
+        "slots": slots.contiguous(),
         "scale": resolved,
         "use_qk_l2norm": use_qk_l2norm,
     }
