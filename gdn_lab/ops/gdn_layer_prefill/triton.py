@@ -38,7 +38,7 @@ def covered(args: Mapping[str, Any]) -> Check:
         return ok, reason
     return (
         True,
-        "Triton chain: conv (split on the fly), gdn_prefill's prepare and state recurrence, output+norm+fp8+conv state",
+        "Triton chain: conv (split on the fly), gdn_prefill's prepare, state and output, then norm+fp8+conv state",
     )
 
 
@@ -51,7 +51,7 @@ register(
         available=triton_available,
         covered=covered,
         priority=PRIORITY_TRITON,
-        description="Triton chain (chunk 64, conv, prepare, state, output launches, conv and delta states in place); fixed config: batch invariant",
+        description="Triton chain (chunk 64: conv, prepare, state, output, norm launches; conv and delta states in place); fixed config: batch invariant",
     )
 )
 register(

@@ -348,8 +348,9 @@ def gdn_layer_prefill_fused(
     segment_chunks: int = SEGMENT_CHUNKS,
     segment_from: int = SEGMENT_FROM,
 ):
-    """gdn_layer_prefill (arguments as its validate()) with the fused kernels; chunk 64 and the state
-    recurrence's default segments (`run_state_kernel`) unless given (the controls change them).
+    """gdn_layer_prefill (arguments as its validate() returns them: vectors contiguous) with the
+    fused kernels; chunk 64 and the state recurrence's default segments (`run_state_kernel`) unless
+    given (the controls change them).
 
     conv_state and delta_state (contiguous) are updated in place at cache_indices.
 
@@ -372,7 +373,7 @@ def gdn_layer_prefill_fused(
     block_c = min(D, CONV_BLOCK_C)  # head dims are powers of two: a block lies in one head
     _conv_kernel[(run.plan.max_chunks, mixed.shape[1] // block_c)](
         qkvz=qkvz, conv_state=conv_state, conv_weight=conv_weight.contiguous(),
-        conv_bias=None if conv_bias is None else conv_bias.contiguous(), has_initial_state=has_initial_state,
+        conv_bias=conv_bias, has_initial_state=has_initial_state,
         cu_seqlens=cu_seqlens, slots=cache_indices, chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
         mixed=mixed, N=N, HK=HK, HV=HV, D=D, BC=block_c, BT=chunk_size, W=width, HAS_BIAS=conv_bias is not None,
         **io, num_warps=CONV_WARPS,
@@ -391,7 +392,7 @@ def gdn_layer_prefill_fused(
     _layer_norm_kernel[(run.plan.max_chunks, HV // heads_per_group)](
         o32=s.us, out=normalized,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=cache_indices,
-        qkvz=qkvz, norm_weight=norm_weight.contiguous(), conv_state=conv_state, has_initial_state=has_initial_state,
+        qkvz=qkvz, norm_weight=norm_weight, conv_state=conv_state, has_initial_state=has_initial_state,
         quantized=quantized, scales=scales, eps=eps, N=N,
         HK=HK, HV=HV, K=D, V=D, BT=chunk_size, HPG=heads_per_group, W=width, WP=pow2_at_least(width - 1, floor=1),
         QUANT=quantize_fp8, GROUP=FP8_GROUP, AMAX_FLOOR=AMAX_FLOOR, **io,
