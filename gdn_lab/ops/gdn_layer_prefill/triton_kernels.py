@@ -5,7 +5,7 @@ launches) between the layer's own first and last launches:
 
 1. `_conv_kernel` (per chunk and block of conv channels): causal conv1d of the interleaved
    projection with the slot's conv history (zeros where has_initial_state is False) + SiLU
-   (`_conv_tile`), stored in the input dtype as [q of every key head | k | v of every value head];
+   (`_conv_silu_rows`; `_conv_silu_tile` under the interpreter), stored in the input dtype as [q of every key head | k | v of every value head];
 2. `run_prepare_kernel` on column views of that output and of the interleaved b/a: gates, L2 norm
    and the chunk factors; `run_state_kernel`: reads and writes the delta-state slot;
    `run_output_kernel`: the delta rule's output in float32, over its u scratch;
@@ -46,13 +46,14 @@ from gdn_lab.ops.delta_rule_triton import (
     run_state_kernel,
 )
 from gdn_lab.ops.triton_common import pow2_at_least
+from gdn_lab.ops.triton_support import interpreting
 from gdn_lab.quant import AMAX_FLOOR, FP8_GROUP
 
 # --- the layer's stages ------------------------------------------------------------------------
 
 
 @triton.jit
-def _conv_silu(
+def _conv_silu_tile(
     qkvz,
     conv_state,
     conv_weight,
@@ -70,12 +71,13 @@ def _conv_silu(
     BT: tl.constexpr,
     D: tl.constexpr,
 ):
-    """SiLU(causal depthwise conv) at sequence positions p [BT] for the channels ch [D] (qkvz columns col).
+    """SiLU(causal depthwise conv) at sequence positions p [BT] for the channels ch [D] (qkvz columns col),
+    as one tile: each tap a shifted load of the whole tile (the interpreter's form, `_conv_kernel`).
 
     Tap w reads position p - (W - 1 - w). Before the sequence start it reads the slot's conv history
     entry p + w where p + w < hist_len: the caller passes W - 1 for a sequence's first chunk when it
     has an initial state, else 0. The history taps are added in a second pass that only such a
-    chunk runs, so the other chunks carry no history addressing (it cost registers and spills).
+    chunk runs (`_conv_silu_rows` adds the same terms in the same order).
     """
     acc = tl.zeros([BT, D], dtype=tl.float32)
     for w in tl.static_range(W):
@@ -96,34 +98,66 @@ def _conv_silu(
 
 
 @triton.jit
-def _conv_tile(
+def _conv_silu_rows(
     qkvz,
     conv_state,
     conv_weight,
     conv_bias,
+    mixed,
     bos,
-    p,
-    m_t,
+    length,
+    p_first,
     state_base,
     hist_len,
     col,
     ch,
     ROW: tl.constexpr,
+    CONV_DIM: tl.constexpr,
     W: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BT: tl.constexpr,
-    D: tl.constexpr,
+    BC: tl.constexpr,
     IO_MANT: tl.constexpr,
     IO_TINY: tl.constexpr,
     IO_MAGIC: tl.constexpr,
 ):
-    """One [BT, D] float32 tile of q, k or v: `_conv_silu` of the projection's columns col, rounded
-    to the input dtype (the unfused chain stores the conv output in the input dtype; so does this
-    kernel, for parity)."""
-    t = _conv_silu(
-        qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, col, ch, ROW, W, HAS_BIAS, BT, D,
-    )  # fmt: skip
-    return round_rne(t, IO_MANT, IO_TINY, IO_MAGIC)
+    """`_conv_silu_tile`'s values, rounded and stored one row at a time (the compiled form, `_conv_kernel`).
+
+    Each input row is read once into a window of the last W rows (a tuple: the rows unrolled), so a
+    program holds W vectors where the tile form holds W shifted tiles: 48 registers instead of 188
+    and 2.1x the bandwidth at 65536 tokens on the H200 (data/bench/h200/README.md). Every output
+    element sums the same terms in the same order as the tile form: the W taps (zeros before the
+    sequence start), then in a chunk with history the W - 1 history taps (zeros past its end), the
+    bias, SiLU, the rounding: the same bits (tests/ops/gdn_layer_prefill).
+    """
+    zero = tl.zeros([BC], dtype=tl.int64)
+    wts = ()
+    for w in tl.static_range(W):
+        wts = wts + (tl.load(conv_weight + ch * W + w).to(tl.float32),)
+    if HAS_BIAS:
+        bias = tl.load(conv_bias + ch).to(tl.float32)
+    win = ()
+    for j in tl.static_range(W - 1):
+        src = zero + (p_first - (W - 1) + j)
+        win = win + (tl.load(qkvz + (bos + src) * ROW + col, mask=src >= 0, other=0.0).to(tl.float32),)
+    for r in tl.static_range(BT):
+        p = zero + (p_first + r)
+        m = p < length
+        win = win + (tl.load(qkvz + (bos + p) * ROW + col, mask=m, other=0.0).to(tl.float32),)
+        acc = tl.zeros([BC], dtype=tl.float32)
+        for w in tl.static_range(W):
+            acc += win[r + w] * wts[w]
+        if hist_len > 0:
+            for w in tl.static_range(W - 1):
+                if r + w < W - 1:
+                    acc += tl.load(conv_state + state_base + ch * (W - 1) + (r + w)).to(tl.float32) * wts[w]
+                else:
+                    acc += tl.zeros([BC], dtype=tl.float32) * wts[w]
+        if HAS_BIAS:
+            acc += bias
+        y = round_rne(acc * tl.sigmoid(acc), IO_MANT, IO_TINY, IO_MAGIC)
+        p_x = mixed + (bos + p) * CONV_DIM + ch
+        tl.store(p_x, y.to(p_x.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -172,13 +206,16 @@ def _conv_kernel(
     BT: tl.constexpr,
     W: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr,
     IO_MANT: tl.constexpr,
     IO_TINY: tl.constexpr,
     IO_MAGIC: tl.constexpr,
 ):
     """One program per (chunk, BC conv channels): the conv output [q of every key head | k | v of
-    every value head] of the chunk's rows in the input dtype (`_conv_tile`), as the unfused chain
-    stores it. BC divides D, so a block lies in one head."""
+    every value head] of the chunk's rows in the input dtype, as the unfused chain stores it. BC
+    divides D, so a block lies in one head. ROWS: a row at a time (`_conv_silu_rows`, compiled),
+    else as one tile (`_conv_silu_tile`, the interpreter: its cost is per operation, and the row
+    form runs BT times as many); the same bits."""
     i_c, i_b = tl.program_id(0), tl.program_id(1)
     n = tl.load(chunk_seq + i_c)
     if n >= N:  # past the last chunk (the grid is an upper bound)
@@ -190,7 +227,7 @@ def _conv_kernel(
     # Qwen3-Next's interleaved projection: per key head [q | k | v (R heads) | z (R heads)]
     HEAD: tl.constexpr = 2 * D + 2 * R * D
     CONV_DIM: tl.constexpr = 2 * HK * D + HV * D
-    bos, _, p_first, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
+    bos, length, p_first, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     c0 = i_b * BC
     i_v = tl.maximum(c0 - 2 * HK * D, 0) // D  # the value head of a v block
     col0 = tl.where(
@@ -207,12 +244,18 @@ def _conv_kernel(
     # block in the interpreter: a history length stands in)
     hist_len = tl.where(p_first == 0, tl.where(tl.load(has_initial_state + n) != 0, W - 1, 0), 0)
     state_base = slot.to(tl.int64) * CONV_DIM * (W - 1)
-    b_x = _conv_tile(
-        qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, col0 + o_c, c0 + o_c,
-        HK * HEAD, W, HAS_BIAS, BT, BC, IO_MANT, IO_TINY, IO_MAGIC,
-    )  # fmt: skip
-    p_x = mixed + rows[:, None] * CONV_DIM + c0 + o_c[None, :]
-    tl.store(p_x, b_x.to(p_x.dtype.element_ty), mask=m_t[:, None])
+    if ROWS:
+        _conv_silu_rows(
+            qkvz, conv_state, conv_weight, conv_bias, mixed, bos, length, p_first, state_base, hist_len, col0 + o_c,
+            c0 + o_c, HK * HEAD, CONV_DIM, W, HAS_BIAS, BT, BC, IO_MANT, IO_TINY, IO_MAGIC,
+        )  # fmt: skip
+    else:
+        b_x = _conv_silu_tile(
+            qkvz, conv_state, conv_weight, conv_bias, bos, p, m_t, state_base, hist_len, col0 + o_c, c0 + o_c,
+            HK * HEAD, W, HAS_BIAS, BT, BC,
+        )  # fmt: skip
+        p_x = mixed + rows[:, None] * CONV_DIM + c0 + o_c[None, :]
+        tl.store(p_x, round_rne(b_x, IO_MANT, IO_TINY, IO_MAGIC).to(p_x.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
@@ -318,11 +361,32 @@ def _layer_norm_kernel(
 
 # --- host --------------------------------------------------------------------------------------
 
-# the conv launch's channel block and warps, fixed (each channel's bits do not depend on them): 64
-# channels at 2 warps took 581 us at 65536 tokens on the H200, 613 at 4 warps, 622-763 in blocks of
-# 128, 762-813 of 32, the same with the grid's axes swapped (data/bench/h200/README.md)
-CONV_BLOCK_C = 64
+# the conv launch's channel block and warps, fixed (each channel's bits do not depend on them): rows
+# of 128 channels at 2 warps took 275 us at 65536 tokens on the H200, 336-353 at 1 or 4 warps or
+# in blocks of 64, against 581 for the tile form's best (64 channels, 2 warps; data/bench/h200/README.md).
+# Under the interpreter the tile form, in blocks of 64.
+CONV_BLOCK_C = 128
 CONV_WARPS = 2
+CONV_BLOCK_C_INTERPRETED = 64
+
+
+def run_conv_kernel(
+    qkvz, conv_state, conv_weight, conv_bias, has_initial_state, cu_seqlens, cache_indices, plan, mixed,
+    HK: int, HV: int, D: int, chunk_size: int, rows: bool | None = None,
+) -> None:  # fmt: skip
+    """`_conv_kernel` into mixed [T, 2 HK D + HV D] over plan's chunks; rows: its row form (default:
+    unless interpreting; the tests force both)."""
+    if rows is None:
+        rows = not interpreting()
+    # head dims are powers of two: a block lies in one head
+    block_c = min(D, CONV_BLOCK_C if rows else CONV_BLOCK_C_INTERPRETED)
+    _conv_kernel[(plan.max_chunks, mixed.shape[1] // block_c)](
+        qkvz=qkvz, conv_state=conv_state, conv_weight=conv_weight.contiguous(),
+        conv_bias=conv_bias, has_initial_state=has_initial_state,
+        cu_seqlens=cu_seqlens, slots=cache_indices, chunk_seq=plan.chunk_seq, chunk_cu=plan.chunk_cu,
+        mixed=mixed, N=cache_indices.numel(), HK=HK, HV=HV, D=D, BC=block_c, BT=chunk_size, W=conv_weight.shape[1],
+        HAS_BIAS=conv_bias is not None, ROWS=rows, **grid_args("IO", qkvz.dtype), num_warps=CONV_WARPS,
+    )  # fmt: skip
 
 
 def gdn_layer_prefill_fused(
@@ -370,14 +434,8 @@ def gdn_layer_prefill_fused(
     run = chunked_run(cu_seqlens, normalized, HK, D, chunk_size, segment_chunks, segment_from)
     s, N = run.scratch, cache_indices.numel()
     mixed = torch.empty(T, 2 * HK * D + HV * D, dtype=dtype, device=device)
-    block_c = min(D, CONV_BLOCK_C)  # head dims are powers of two: a block lies in one head
-    _conv_kernel[(run.plan.max_chunks, mixed.shape[1] // block_c)](
-        qkvz=qkvz, conv_state=conv_state, conv_weight=conv_weight.contiguous(),
-        conv_bias=conv_bias, has_initial_state=has_initial_state,
-        cu_seqlens=cu_seqlens, slots=cache_indices, chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
-        mixed=mixed, N=N, HK=HK, HV=HV, D=D, BC=block_c, BT=chunk_size, W=width, HAS_BIAS=conv_bias is not None,
-        **io, num_warps=CONV_WARPS,
-    )  # fmt: skip
+    run_conv_kernel(qkvz, conv_state, conv_weight, conv_bias, has_initial_state, cu_seqlens, cache_indices, run.plan,
+                    mixed, HK, HV, D, chunk_size)  # fmt: skip
     ba = projected_ba.contiguous().view(T, HK, 2 * (HV // HK))
     q, k = mixed[:, : HK * D].view(T, HK, D), mixed[:, HK * D : 2 * HK * D].view(T, HK, D)
     v = mixed[:, 2 * HK * D :].view(T, HV, D)

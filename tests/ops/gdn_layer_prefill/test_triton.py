@@ -176,6 +176,32 @@ def test_control_varies_with_the_batch(device):
     assert rel_mae(norm, alone[0]) <= 1e-2 and rel_mae(delta, alone[4]) <= 1e-2
 
 
+@pytest.mark.parametrize("dtype,bias", [(torch.float32, True), (torch.bfloat16, False)], ids=["fp32-bias", "bf16"])
+def test_conv_row_and_tile_forms_store_the_same_bits(dtype, bias, device):
+    """The conv launch's row form (compiled) and tile form (the interpreter's) store the same bits: a 1- and
+    a 2-token sequence with history, one past a chunk edge without, zeros and -0.0 in the inputs. In
+    float32 no rounding hides a change in the order of the sums."""
+    from gdn_lab.ops.delta_rule_triton import chunked_run
+    from gdn_lab.ops.gdn_layer_prefill.triton_kernels import run_conv_kernel
+
+    hk, hv, d, lengths = 1, 2, 16, [1, 2, 65, 5]
+    args = layer_args(range(4), lengths, [3, 0, 1, 2], [True, True, False, True], device, hk=hk, hv=hv, d=d,
+                      dtype=dtype, bias=bias)  # fmt: skip
+    qkvz = args["projected_qkvz"].clone()
+    qkvz[10:20] = 0.0
+    qkvz[12:14] = -0.0
+    T, conv_dim = qkvz.shape[0], 2 * hk * d + hv * d
+    plan = chunked_run(args["cu_seqlens"], torch.empty(T, hv, d, device=device), hk, d, 64).plan
+    stored = []
+    for rows in (True, False):
+        mixed = torch.full((T, conv_dim), float("nan"), dtype=dtype, device=device)
+        run_conv_kernel(qkvz, args["conv_state"], args["conv_weight"], args["conv_bias"], args["has_initial_state"],
+                        args["cu_seqlens"], args["cache_indices"], plan, mixed, hk, hv, d, 64, rows=rows)  # fmt: skip
+        assert not mixed.isnan().any()  # every row stored
+        stored.append(mixed.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    assert torch.equal(stored[0], stored[1])
+
+
 def test_coverage_reasons(device):
     """A conv state that cannot hold the inputs exactly, or a non-power-of-two head, is refused with a reason."""
     args = layer_args([0], [3], [0], [True], device)
