@@ -124,8 +124,9 @@ def _conv_silu_rows(
     """`_conv_silu_tile`'s values, rounded and stored one row at a time (the compiled form, `_conv_kernel`).
 
     Each input row is read once into a window of the last W rows (a tuple: the rows unrolled), so a
-    program holds W vectors where the tile form holds W shifted tiles: 48 registers instead of 188
-    and 2.1x the bandwidth at 65536 tokens on the H200 (data/bench/h200/README.md). Every output
+    program holds W vectors where the tile form holds W shifted tiles (48 registers in an sm_90
+    compile, against the tile form's 188 on the H200) and the launch moves 2.1x the bytes per
+    second at 65536 tokens (data/bench/h200/README.md). Every output
     element sums the same terms in the same order as the tile form: the W taps (zeros before the
     sequence start), then in a chunk with history the W - 1 history taps (zeros past its end), the
     bias, SiLU, the rounding: the same bits (tests/ops/gdn_layer_prefill).
