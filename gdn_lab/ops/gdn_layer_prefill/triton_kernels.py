@@ -5,7 +5,8 @@ launches) between the layer's own first and last launches:
 
 1. `_conv_kernel` (per chunk and block of conv channels): causal conv1d of the interleaved
    projection with the slot's conv history (zeros where has_initial_state is False) + SiLU
-   (`_conv_silu_rows`; `_conv_silu_tile` under the interpreter), stored in the input dtype as [q of every key head | k | v of every value head];
+   (`_conv_silu_rows`; `_conv_silu_tile` under the interpreter), stored in the input dtype as
+   [q of every key head | k | v of every value head];
 2. `run_prepare_kernel` on column views of that output and of the interleaved b/a: gates, L2 norm
    and the chunk factors; `run_state_kernel`: reads and writes the delta-state slot;
    `run_output_kernel`: the delta rule's output in float32, over its u scratch;
@@ -126,10 +127,10 @@ def _conv_silu_rows(
     Each input row is read once into a window of the last W rows (a tuple: the rows unrolled), so a
     program holds W vectors where the tile form holds W shifted tiles (48 registers in an sm_90
     compile, against the tile form's 188 on the H200) and the launch moves 2.1x the bytes per
-    second at 65536 tokens (data/bench/h200/README.md). Every output
-    element sums the same terms in the same order as the tile form: the W taps (zeros before the
-    sequence start), then in a chunk with history the W - 1 history taps (zeros past its end), the
-    bias, SiLU, the rounding: the same bits (tests/ops/gdn_layer_prefill).
+    second at 65536 tokens (data/bench/h200/README.md). Every output element sums the same terms
+    in the same order as the tile form: the W taps (zeros before the sequence start), then in a
+    chunk with history the W - 1 history taps (zeros past its end), the bias, SiLU, the rounding:
+    the same bits (tests/ops/gdn_layer_prefill).
     """
     zero = tl.zeros([BC], dtype=tl.int64)
     wts = ()
