@@ -132,7 +132,7 @@ def _conv_silu_rows(
     chunk with history the W - 1 history taps (zeros past its end), the bias, SiLU, the rounding:
     the same bits (tests/ops/gdn_layer_prefill).
     """
-    zero = tl.zeros([BC], dtype=tl.int64)
+    zero = tl.zeros([BC], dtype=tl.int64)  # positions as vectors: the interpreter masks no block with a scalar
     wts = ()
     for w in tl.static_range(W):
         wts = wts + (tl.load(conv_weight + ch * W + w).to(tl.float32),)
@@ -153,7 +153,7 @@ def _conv_silu_rows(
             for w in tl.static_range(W - 1):
                 if r + w < W - 1:
                     acc += tl.load(conv_state + state_base + ch * (W - 1) + (r + w)).to(tl.float32) * wts[w]
-                else:
+                else:  # the tile form's masked tap: it can turn a -0.0 sum into +0.0
                     acc += tl.zeros([BC], dtype=tl.float32) * wts[w]
         if HAS_BIAS:
             acc += bias
