@@ -5,6 +5,7 @@ Imports triton at load; the registrations reach this module only through `routin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -12,6 +13,7 @@ import triton
 import triton.language as tl
 
 from gdn_lab.ops.triton_common import pow2_at_least
+from gdn_lab.ops.triton_support import interpreting
 
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
 
@@ -31,16 +33,54 @@ def load_kv_tile(
     m_d,
     PAGE_SIZE: tl.constexpr,
     DTYPE: tl.constexpr,
+    PTX_E4M3: tl.constexpr = False,
 ):
     """Tokens `pos` ([BN], request-relative) of KV head i_kh as a [BN, BD] tile in DTYPE.
 
     Token p lives in page kv_indices[page_base + p // PAGE_SIZE], slot p % PAGE_SIZE. Masked
-    tokens and columns read as 0 (never the cache's padding, which may be NaN).
+    tokens and columns read as 0 (never the cache's padding, which may be NaN). PTX_E4M3: an
+    e4m3 cache converted by `e4m3_to_f16` (DTYPE float16; see `ptx_e4m3`).
     """
     page = tl.load(kv_indices_ptr + page_base + pos // PAGE_SIZE, mask=m_pos, other=0).to(tl.int64)
     slot = pos % PAGE_SIZE
     p_kv = cache_ptr + page[:, None] * stride_p + slot[:, None] * stride_t + i_kh * stride_h + o_d[None, :]
-    return tl.load(p_kv, mask=m_pos[:, None] & m_d[None, :], other=0.0).to(DTYPE)
+    tile = tl.load(p_kv, mask=m_pos[:, None] & m_d[None, :], other=0.0)
+    if PTX_E4M3:
+        return e4m3_to_f16(tile)
+    return tile.to(DTYPE)
+
+
+@triton.jit
+def e4m3_to_f16(x):
+    """An e4m3 tile as float16 by PTX's packed cvt.rn.f16x2.e4m3x2: the same exact conversion as
+    `.to(tl.float16)`, but declared impure, so Triton keeps the tile's move into the tl.dot operand
+    layout after it, on float16. For the pure conversion Triton moves that layout change onto the
+    fp8 tile, and a tile whose reduction dim is its rows (V in P V) is then read from shared
+    memory one byte per instruction (LDS.U8: 64 per thread per block at D 256 and 8 warps, and
+    the spills that come with them; sm_90 compiles of Triton 3.6 and 3.9). Here it moves as
+    float16 through ldmatrix.trans, as a bf16 cache's V does."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r",
+        [x.to(tl.uint8, bitcast=True)],
+        dtype=tl.float16,
+        is_pure=False,
+        pack=4,
+    )
+
+
+def ptx_e4m3(cache_dtype: torch.dtype, operand_dtype: tl.dtype, device: torch.device) -> bool:
+    """Whether a cache's tiles go through `e4m3_to_f16`: a float8_e4m3fn cache whose tl.dot operands
+    are float16, compiled (the interpreter runs no PTX) for an NVIDIA GPU of sm_89 or newer (PTX's
+    e4m3x2 conversion)."""
+    if cache_dtype != torch.float8_e4m3fn or operand_dtype != tl.float16:
+        return False
+    return device.type == "cuda" and not interpreting() and _sm89(device)
+
+
+@functools.cache
+def _sm89(device: torch.device) -> bool:
+    return not torch.version.hip and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 @triton.jit

@@ -35,6 +35,7 @@ An fp8 (e4m3) cache runs both dots in float16 on the GPU: e4m3 -> fp16 is one pa
 per two values (e4m3 -> bf16 costs a further conversion per value, which bounded the fp8 kernel
 by arithmetic), q converts to fp16 exactly for |q| in [2^-14, 65504] (larger values overflow;
 smaller ones keep fp16's subnormal precision), and P in [0, 1] keeps 3 more bits than in bf16.
+V converts through `paged_kv_triton.e4m3_to_f16` on sm_89+ (its docstring says why).
 
 The control `decode_attention_splitk_by_batch` runs the same two kernels, but each request is cut
 into `num_splits` splits of ceil(len / num_splits) tokens (one unit and one program each), with
@@ -59,6 +60,7 @@ from gdn_lab.ops.paged_kv_triton import (
     fold_softmax_state,
     grid_bound,
     load_kv_tile,
+    ptx_e4m3,
     scale_args,
 )
 from gdn_lab.ops.triton_common import DotPrecision, dot_precision, pow2_at_least
@@ -254,6 +256,7 @@ def _decode_partition_kernel(
     FP8: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    PTX_E4M3_V: tl.constexpr,
 ):
     i_b = tl.program_id(0)
     i_kh = tl.program_id(1)
@@ -295,7 +298,7 @@ def _decode_partition_kernel(
         )  # fmt: skip
         b_v = load_kv_tile(
             v_ptr, kv_indices_ptr, page_base, pos, m_n, i_kh, stride_vp, stride_vt, stride_vh, o_d, m_d,
-            PAGE_SIZE, DOT_DTYPE,
+            PAGE_SIZE, DOT_DTYPE, PTX_E4M3_V,
         )  # fmt: skip
         # Every block holds at least one valid token (n0 < end), so its max logit is finite.
         b_m, b_l, b_o = block_softmax_state(b_q, b_k, b_v, m_n[None, :], scale, DOT_DTYPE, INPUT_PRECISION)
@@ -430,7 +433,7 @@ def _launch(
         stride_vp=v_cache.stride(0), stride_vt=v_cache.stride(1), stride_vh=v_cache.stride(2),
         HQ=HQ, G=G, D=D, PAGE_SIZE=page_size, SPLIT_BY_COUNT=split,
         BH=pow2_at_least(G), BD=bd, BN=config.block_n, FP8=fp8,
-        DOT_DTYPE=prec.dtype, INPUT_PRECISION=prec.input_precision,
+        DOT_DTYPE=prec.dtype, INPUT_PRECISION=prec.input_precision, PTX_E4M3_V=ptx_e4m3(k_cache.dtype, prec.dtype, q.device),
         num_warps=config.num_warps, num_stages=config.num_stages, **_register_cap(config),
     )  # fmt: skip
     columns, nodes = min(bd, _REDUCE_COLUMNS), max(1, _REDUCE_TILE // bd)
