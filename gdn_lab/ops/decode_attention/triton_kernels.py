@@ -135,8 +135,10 @@ class DecodePlan:
 #   with a second accumulator under the 128-register cap (its spills not counted), were 4-17 %
 #   slower (fp8 the most), and 31 of 60 D = 256 cases met the control target instead of 43
 #   (H200, both in one run);
-# - fp8 D = 256: 8 warps capped at 128 registers and two buffers (the e4m3 -> fp16 conversions
-#   need registers);
+# - fp8 D = 256: 8 warps capped at 128 registers and two buffers. With V through
+#   `e4m3_to_f16` it compiles to 122 registers and no spills (128 and 40 bytes of spills before);
+#   uncapped it took 1.09-1.23x the time, at 3 or 4 stages 0.93-1.03x (H200,
+#   data/bench/h200/probe_decode_e4m3_v_a035390.csv);
 # - fp32 operands: IEEE FMA products hold whole operand tiles in registers: one stage, 8 warps.
 # The workspace costs G * D * 4 bytes written and read back per node of a KV head: 3 % of the KV
 # read for bf16 at D = 128 (G = 4, 512-token nodes), under 2 % at D = 256 (G = 8, 1024 tokens).
