@@ -4,10 +4,17 @@ Whether Triton runs here is decided in one place, `gdn_lab.device.triton_mode` (
 `device.interpreting()` for TRITON_INTERPRET); this module turns it into the `(ok, reason)` checks
 backends register. `interpreting` is re-exported here because the kernel modules import it from
 this path. Nothing here imports triton at module load; kernel modules do, and they are loaded lazily.
+
+It also fixes Triton's floating-point contraction default for every kernel the lab compiles (the
+backends' registrations import this module before any kernel module loads): FMA fusion on, as in
+every Triton the lab has run (3.6 on the H200, 3.9 here). Triton 3.9 warns that 3.10 turns it off
+by default, which would change the bits of every compiled kernel whose sums contract, and with
+them the H200 goldens. A value the user set is kept.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +22,8 @@ from gdn_lab.device import interpreting, triton_mode
 from gdn_lab.routing import Check
 
 __all__ = ["interpreting", "triton_available", "triton_device"]
+
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 
 def triton_available() -> Check:
