@@ -16,8 +16,8 @@ that only the state recurrence walks a sequence, segment by segment:
    chunks, whose entering states come from the segments' affine maps (the same kernel, TRANSFER)
    through `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence), and a
    call in which no sequence can be cut is the state kernel alone (FROM_POOL).
-3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values): o = exp(G) (q S_c) +
-   (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
+3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values), chunk-major:
+   o = exp(G) (q S_c) + (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
 
 The layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) runs these three stages between its
 own conv and norm launches: the prepare on column views of its conv output and of its
@@ -482,7 +482,12 @@ def _output_kernel(
     IO_MAGIC: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # Programs in the order value tiles, value heads, chunks: the R * V / BV programs that read a
+    # key head's q and k rows of a chunk run one after another, so all but the first find them in
+    # the L2 (with the chunks first, the other reads came a whole head's chunks later)
+    NV: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    i_v, i_h, i_c = pid % NV, (pid // NV) % HV, pid // (NV * HV)
     n = tl.load(chunk_seq + i_c)
     if n >= N:
         return
@@ -795,7 +800,7 @@ def run_output_kernel(
     K = run.scratch.qs.shape[2]
     s = run.scratch
     bv = min(V, block_v)
-    _output_kernel[(run.plan.max_chunks, HV, V // bv)](
+    _output_kernel[(run.plan.max_chunks * HV * (V // bv),)](
         qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
         HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, **grid_args("IO", out.dtype), PREC=run.prec,
