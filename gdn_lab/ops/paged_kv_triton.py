@@ -5,13 +5,13 @@ Imports triton at load; the registrations reach this module only through `routin
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
+from gdn_lab.device import detect
 from gdn_lab.ops.triton_common import pow2_at_least
 from gdn_lab.ops.triton_support import interpreting
 
@@ -73,14 +73,10 @@ def ptx_e4m3(cache_dtype: torch.dtype, operand_dtype: tl.dtype, device: torch.de
     """Whether a cache's tiles go through `e4m3_to_f16`: a float8_e4m3fn cache whose tl.dot operands
     are float16, compiled (the interpreter runs no PTX) for an NVIDIA GPU of sm_89 or newer (PTX's
     e4m3x2 conversion)."""
-    if cache_dtype != torch.float8_e4m3fn or operand_dtype != tl.float16:
+    if cache_dtype != torch.float8_e4m3fn or operand_dtype != tl.float16 or device.type != "cuda" or interpreting():
         return False
-    return device.type == "cuda" and not interpreting() and _sm89(device)
-
-
-@functools.cache
-def _sm89(device: torch.device) -> bool:
-    return not torch.version.hip and torch.cuda.get_device_capability(device) >= (8, 9)
+    info = detect(device)  # cached per device
+    return info.platform == "cuda" and int(info.arch.removeprefix("sm_")) >= 89
 
 
 @triton.jit
