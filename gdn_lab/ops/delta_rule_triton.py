@@ -43,7 +43,6 @@ backend: Triton 3.9's interpreter truncates fp32 -> bf16 and drops the carry in 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -51,61 +50,9 @@ import triton
 import triton.language as tl
 
 from gdn_lab.ops.delta_rule import CHUNK_SIZE, L2NORM_EPS, SOFTPLUS_THRESHOLD
-from gdn_lab.ops.triton_common import dot_precision
+from gdn_lab.ops.triton_common import dot_precision, grid_args, round_rne
 
-
-@dataclass(frozen=True)
-class Grid:
-    """Where a dtype's values lie, for `round_rne`: mantissa bits, smallest normal, subnormal rounder.
-
-    Attributes:
-        mant: explicit mantissa bits (23 for float32: no rounding).
-        tiny: the smallest normal magnitude (2 ** emin).
-        magic: 2 ** (emin - mant + 23): adding and subtracting it rounds |x| < tiny to the
-            subnormal spacing in float32.
-        max: the largest finite value.
-    """
-
-    mant: int
-    tiny: float
-    magic: float
-    max: float
-
-
-def grid_of(dtype: torch.dtype) -> Grid:
-    """The rounding grid of a float dtype (bf16, fp16, fp32, float8_e4m3fn, float8_e4m3fnuz)."""
-    info = torch.finfo(dtype)
-    mant = round(-math.log2(info.eps))
-    emin = round(math.log2(info.tiny))
-    return Grid(mant, float(info.tiny), float(2.0 ** (emin - mant + 23)), float(info.max))
-
-
-def grid_args(prefix: str, dtype: torch.dtype) -> dict[str, float | int]:
-    """`round_rne`'s constexpr arguments for dtype, as {prefix}_MANT, {prefix}_TINY, {prefix}_MAGIC."""
-    g = grid_of(dtype)
-    return {f"{prefix}_MANT": g.mant, f"{prefix}_TINY": g.tiny, f"{prefix}_MAGIC": g.magic}
-
-
-# --- device helpers (`round_rne` and `chunk_rows` serve the layer's own kernels too) ----------------
-
-
-@triton.jit
-def round_rne(x, MANT: tl.constexpr, TINY: tl.constexpr, MAGIC: tl.constexpr):
-    """x rounded to the nearest value with MANT mantissa bits (ties to even), still in float32; the
-    sign is kept, also of a value that rounds to zero (-0.0, as torch's casts give)."""
-    if MANT < 23:
-        SHIFT: tl.constexpr = 23 - MANT
-        signed = x.to(tl.int32, bitcast=True)
-        mag = signed & 0x7FFFFFFF
-        ax = mag.to(tl.float32, bitcast=True)
-        # round-half-even on the bits: the carry moves into the exponent when the mantissa overflows
-        bits = ((mag + ((1 << (SHIFT - 1)) - 1) + ((mag >> SHIFT) & 1)) >> SHIFT) << SHIFT
-        normal = bits.to(tl.float32, bitcast=True)
-        subnormal = (ax + MAGIC) - MAGIC  # the float32 add rounds to the subnormal spacing
-        r = tl.where(ax < TINY, subnormal, normal).to(tl.int32, bitcast=True)
-        # the sign bit put back by bits: a GPU's -r is 0 - r, which makes -0.0 of 0.0 +0.0
-        x = (r | (signed ^ mag)).to(tl.float32, bitcast=True)
-    return x
+# --- device helpers (`chunk_rows` serves the layer's own kernels too) ------------------------------
 
 
 @triton.jit

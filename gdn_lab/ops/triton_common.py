@@ -1,4 +1,5 @@
-"""What our Triton kernels share: tl.dot operand precision and tile extents.
+"""What our Triton kernels share: tl.dot operand precision, row-exact dots, rounding to a narrower
+dtype, tile extents and the cached launch.
 
 Imports triton at load; registrations reach kernel modules only through `routing.lazy`. Under the
 interpreter, loading it spares the interpreter work it repeats to no effect (`gdn_lab.interpreter`):
@@ -7,11 +8,13 @@ every kernel module but rms_norm's imports it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import triton
 import triton.language as tl
 from triton import knobs
 from triton.runtime import driver
@@ -121,3 +124,72 @@ def launch_cached(kernel: Any, grid: tuple[int, int, int], args: Sequence[Any], 
         return
     stream = active.get_current_stream(device)
     ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Where a dtype's values lie, for `round_rne`: mantissa bits, smallest normal, subnormal rounder.
+
+    Attributes:
+        mant: explicit mantissa bits (23 for float32: no rounding).
+        tiny: the smallest normal magnitude (2 ** emin).
+        magic: 2 ** (emin - mant + 23): adding and subtracting it rounds |x| < tiny to the
+            subnormal spacing in float32.
+        max: the largest finite value.
+    """
+
+    mant: int
+    tiny: float
+    magic: float
+    max: float
+
+
+def grid_of(dtype: torch.dtype) -> Grid:
+    """The rounding grid of a float dtype (bf16, fp16, fp32, float8_e4m3fn, float8_e4m3fnuz)."""
+    info = torch.finfo(dtype)
+    mant = round(-math.log2(info.eps))
+    emin = round(math.log2(info.tiny))
+    return Grid(mant, float(info.tiny), float(2.0 ** (emin - mant + 23)), float(info.max))
+
+
+def grid_args(prefix: str, dtype: torch.dtype) -> dict[str, float | int]:
+    """`round_rne`'s constexpr arguments for dtype, as {prefix}_MANT, {prefix}_TINY, {prefix}_MAGIC."""
+    g = grid_of(dtype)
+    return {f"{prefix}_MANT": g.mant, f"{prefix}_TINY": g.tiny, f"{prefix}_MAGIC": g.magic}
+
+
+@triton.jit
+def round_rne(x, MANT: tl.constexpr, TINY: tl.constexpr, MAGIC: tl.constexpr):
+    """x rounded to the nearest value with MANT mantissa bits (ties to even), still in float32; the
+    sign is kept, also of a value that rounds to zero (-0.0, as torch's casts give)."""
+    if MANT < 23:
+        SHIFT: tl.constexpr = 23 - MANT
+        signed = x.to(tl.int32, bitcast=True)
+        mag = signed & 0x7FFFFFFF
+        ax = mag.to(tl.float32, bitcast=True)
+        # round-half-even on the bits: the carry moves into the exponent when the mantissa overflows
+        bits = ((mag + ((1 << (SHIFT - 1)) - 1) + ((mag >> SHIFT) & 1)) >> SHIFT) << SHIFT
+        normal = bits.to(tl.float32, bitcast=True)
+        subnormal = (ax + MAGIC) - MAGIC  # the float32 add rounds to the subnormal spacing
+        r = tl.where(ax < TINY, subnormal, normal).to(tl.int32, bitcast=True)
+        # the sign bit put back by bits: a GPU's -r is 0 - r, which makes -0.0 of 0.0 +0.0
+        x = (r | (signed ^ mag)).to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
+def dot_acc(acc, a, b, INPUT_PRECISION: tl.constexpr, ROW_EXACT_DOT: tl.constexpr):
+    """acc + a @ b for a [M, K] and b [K, N] operands, into the float32 accumulator acc [M, N].
+
+    ROW_EXACT_DOT (the interpreter): the products, summed over K in order, the same sequence of
+    operations for every row. The interpreter's tl.dot is numpy's matmul, whose result for a row
+    can depend on the row's place in the tile (measured on one CPU: rows 0-5 and 6-15 of a 16-row
+    block went through different BLAS micro-kernels; OpenBLAS picks them per CPU), so a request
+    whose rows land at other tile offsets would change bits there. Compiled: tl.dot at
+    INPUT_PRECISION (`dot_precision`).
+    """
+    if ROW_EXACT_DOT:
+        acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+    else:
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    return acc

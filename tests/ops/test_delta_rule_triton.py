@@ -1,5 +1,5 @@
-"""The shared Triton helpers of gdn_lab.ops.delta_rule_triton on the test device (its GPU, or the CPU
-interpreter): `round_rne` against torch's own casts, bit for bit; `_unit_lower_inverse` against a
+"""The shared Triton helpers of gdn_lab.ops.delta_rule_triton (and triton_common's `round_rne`) on the
+test device (its GPU, or the CPU interpreter): `round_rne` against torch's own casts, bit for bit; `_unit_lower_inverse` against a
 float64 inverse; `plan_chunks` against torch's cumsum and searchsorted; `run_prepare_kernel` on
 column views of wider rows (the layer's conv output, its interleaved gates) against the same
 tensors copied out contiguous, bit for bit."""
@@ -12,11 +12,10 @@ import triton.language as tl
 from gdn_lab.ops.delta_rule_triton import (
     _unit_lower_inverse,
     chunked_run,
-    grid_of,
     plan_chunks,
-    round_rne,
     run_prepare_kernel,
 )
+from gdn_lab.ops.triton_common import grid_of, round_rne
 
 
 @triton.jit

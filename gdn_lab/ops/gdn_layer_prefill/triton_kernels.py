@@ -39,14 +39,11 @@ from gdn_lab.ops.delta_rule_triton import (
     SEGMENT_FROM,
     chunk_rows,
     chunked_run,
-    grid_args,
-    grid_of,
-    round_rne,
     run_output_kernel,
     run_prepare_kernel,
     run_state_kernel,
 )
-from gdn_lab.ops.triton_common import pow2_at_least
+from gdn_lab.ops.triton_common import grid_args, grid_of, pow2_at_least, round_rne
 from gdn_lab.ops.triton_support import interpreting
 from gdn_lab.quant import AMAX_FLOOR, FP8_GROUP
 

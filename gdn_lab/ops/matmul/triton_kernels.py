@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from gdn_lab.device import detect
-from gdn_lab.ops.triton_common import dot_precision
+from gdn_lab.ops.triton_common import dot_acc, dot_precision
 from gdn_lab.ops.triton_support import interpreting
 
 
@@ -43,12 +43,8 @@ _GPU_CONFIGS = {
 _INTERPRETER_CONFIG = MatmulConfig(16, 32, 32, 1, 1)
 
 
-# Under the interpreter tl.dot is numpy's matmul, whose result for a row can depend on the row's place
-# in the tile (measured on one CPU: rows 0-5 and 6-15 of a 16-row block go through different BLAS
-# micro-kernels; OpenBLAS picks them per CPU, and on another every row was summed alike), so a
-# request whose rows land at other tile offsets changed bits there. The interpreter therefore
-# forms the float32 products and sums them over K in order (`ROW_EXACT_DOT`), the same sequence of
-# operations for every row; the GPU keeps tl.dot (the constexpr branch leaves its kernel as it was).
+# Under the interpreter the dot is row-exact (`triton_common.dot_acc`): numpy's matmul can sum a row
+# by where it sits in the tile. The GPU keeps tl.dot (the constexpr branch leaves its kernel as it was).
 
 
 def matmul_config(dtype: torch.dtype) -> MatmulConfig:
@@ -96,10 +92,7 @@ def _matmul_kernel(
         p_w = w_ptr + (k0 + o_k)[:, None].to(tl.int64) * stride_wk + o_n[None, :] * stride_wn
         b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0).to(DOT_DTYPE)
         b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0).to(DOT_DTYPE)
-        if ROW_EXACT_DOT:  # the interpreter: products and a sum over K, the same order for every row
-            b_acc += tl.sum(b_x[:, :, None] * b_w[None, :, :], axis=1)
-        else:
-            b_acc = tl.dot(b_x, b_w, b_acc, input_precision=INPUT_PRECISION)
+        b_acc = dot_acc(b_acc, b_x, b_w, INPUT_PRECISION, ROW_EXACT_DOT)
     p_out = out_ptr + i_s * stride_os + o_m[:, None].to(tl.int64) * stride_om + o_n[None, :] * stride_on
     tl.store(p_out, b_acc.to(out_ptr.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
