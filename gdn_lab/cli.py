@@ -255,11 +255,12 @@ CPU_SHAPES = {
     "attention": {"num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16},
     "gdn": {"num_k_heads": 4, "num_v_heads": 8, "head_dim": 32, "conv_width": 4},
     "linear": {"hidden": 256, "out_features": 256},
+    "moe": {"hidden": 64, "num_experts": 8, "top_k": 3, "intermediate": 32},
 }
 # InvarianceConfig fields as the flags that set them, for error messages.
 FLAGS = {"kv_dtype": "--kv-dtype", "max_context": "--max-context", "backends": "--backend", "targets": "--targets",
          "batch_sizes": "--batch-sizes", "seed": "--seed", "dtype": "--dtype", "device": "--device",
-         "attention": "--shape", "gdn": "--shape", "linear": "--shape"}  # fmt: skip
+         "attention": "--shape", "gdn": "--shape", "linear": "--shape", "moe": "--shape"}  # fmt: skip
 
 
 def _as_flag(message: str) -> str:
@@ -304,7 +305,7 @@ def _invariance(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
         interpreter_default(device)  # on the CPU: TRITON_INTERPRET=1 unless set
         max_context = args.max_context or (CPU_MAX_CONTEXT if device.type == "cpu" else GPU_MAX_CONTEXT)
-        param = gdn_lab.ops.spec.get(args.op).shape.param  # "attention", "gdn" or "linear"
+        param = gdn_lab.ops.spec.get(args.op).shape.param  # "attention", "gdn", "linear" or "moe"
         shape = {**(CPU_SHAPES.get(param, {}) if device.type == "cpu" else {}), **(args.shape or {})}
         shaped = param in {f.name for f in dataclasses.fields(batch_invariance.InvarianceConfig)}
         if args.shape and not shaped:

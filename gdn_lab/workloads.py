@@ -42,6 +42,7 @@ from gdn_lab.ops.batch import (
     BuildOptions,
     GDNShape,
     LinearShape,
+    MoEShape,
     Request,
     derive_seed,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "BuildOptions",
     "GDNShape",
     "LinearShape",
+    "MoEShape",
     "Request",
     "alone",
     "build",

@@ -10,6 +10,7 @@ from gdn_lab.workloads import (
     BuildOptions,
     GDNShape,
     LinearShape,
+    MoEShape,
     alone,
     build,
     derive_seed,
@@ -24,7 +25,7 @@ from gdn_lab.workloads import (
 
 ATT = AttentionShape(4, 2, 32, page_size=4)
 GDN = GDNShape(2, 4, 32)
-SHAPES = {AttentionShape: ATT, GDNShape: GDN, LinearShape: LinearShape(32, 16)}
+SHAPES = {AttentionShape: ATT, GDNShape: GDN, LinearShape: LinearShape(32, 16), MoEShape: MoEShape(32, 8, 3, 16)}
 OPTS = BuildOptions(dtype=torch.float32)
 # the input each op's rows are compared on (any op not listed: its first tensor argument)
 ROW_INPUT = {"gdn_decode": "v", "gdn_prefill": "v", "gdn_layer_prefill": "projected_qkvz"}
@@ -63,6 +64,9 @@ def test_target_content_is_the_same_alone_and_in_a_batch(op):
     v1, vb = view(op, solo, a1), view(op, batch, ab)
     first = ROW_INPUT.get(op) or next(k for k, v in a1.items() if isinstance(v, torch.Tensor))
     assert torch.equal(a1[first][v1.rows], ab[first][vb.rows])
+    for routed in ("topk_weights", "topk_ids"):  # fused_moe: a token's experts and weights are its request's
+        if routed in a1:
+            assert torch.equal(a1[routed][v1.rows], ab[routed][vb.rows])
     if spec.get(op).kv_cache:
         for cache in ("k_cache", "v_cache"):
             mine = [

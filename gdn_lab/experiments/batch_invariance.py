@@ -70,8 +70,8 @@ class InvarianceConfig(ExperimentConfig):
         kv_dtype: the KV-cache dtype of ops with a KV cache (None: the compute dtype; "fp8": the
             arch's fp8 format; or a compute dtype name).
         arch: the arch whose fp8 format is used (None: the device's).
-        attention, gdn, linear: fields of the op's shape dataclass (`AttentionShape`, `GDNShape`,
-            `LinearShape`), as {name: value}; only the op's own applies.
+        attention, gdn, linear, moe: fields of the op's shape dataclass (`AttentionShape`,
+            `GDNShape`, `LinearShape`, `MoEShape`), as {name: value}; only the op's own applies.
         min_context, max_context: batchmates' lengths are uniform in this range.
         new_tokens: prefill over a cached context: each request's new tokens (None: all).
         quantize_fp8: ops that can also quantize their output to group-128 fp8 compare that too.
@@ -90,6 +90,7 @@ class InvarianceConfig(ExperimentConfig):
     attention: dict[str, int] | None = None
     gdn: dict[str, int] | None = None
     linear: dict[str, int] | None = None
+    moe: dict[str, int] | None = None
     min_context: int = field(default=1, metadata=check(positive))
     max_context: int = field(default=DEFAULT_MAX_CONTEXT, metadata=check(positive))
     new_tokens: int | None = field(default=None, metadata=check(positive))
@@ -115,7 +116,7 @@ class InvarianceConfig(ExperimentConfig):
 
     @property
     def shape(self) -> Any:
-        return shape_of(self.op, {"attention": self.attention, "gdn": self.gdn, "linear": self.linear})
+        return shape_of(self.op, {"attention": self.attention, "gdn": self.gdn, "linear": self.linear, "moe": self.moe})
 
     @property
     def effective_targets(self) -> tuple[int, ...]:
@@ -299,7 +300,7 @@ def _takes(op: str, name: str) -> bool:
     spec = op_spec.get(op)
     if name == "kv_dtype":
         return bool(spec.kv_cache)
-    if name in ("attention", "gdn", "linear"):
+    if name in ("attention", "gdn", "linear", "moe"):
         return spec.shape.param == name
     if name in ("targets", "max_context"):
         return not spec.fixed_length

@@ -18,6 +18,7 @@ for _info in pkgutil.iter_modules(__path__):
 
 from gdn_lab.ops.causal_conv1d_update import causal_conv1d_update  # noqa: E402
 from gdn_lab.ops.decode_attention import decode_attention  # noqa: E402
+from gdn_lab.ops.fused_moe import fused_moe  # noqa: E402
 from gdn_lab.ops.gdn_decode import gdn_decode  # noqa: E402
 from gdn_lab.ops.gdn_layer_prefill import gdn_layer_prefill  # noqa: E402
 from gdn_lab.ops.gdn_prefill import gdn_prefill  # noqa: E402
@@ -28,6 +29,7 @@ from gdn_lab.ops.rms_norm import rms_norm  # noqa: E402
 __all__ = [
     "causal_conv1d_update",
     "decode_attention",
+    "fused_moe",
     "gdn_decode",
     "gdn_layer_prefill",
     "gdn_prefill",

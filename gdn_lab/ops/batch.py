@@ -144,6 +144,32 @@ class LinearShape:
 
 
 @dataclass(frozen=True)
+class MoEShape:
+    """A routed-expert (MoE) layer per rank (default: Qwen3-Next-80B-A3B at TP4: hidden 2048, 512
+    experts with 10 per token, each expert's width 512 cut in 4 by tensor parallelism).
+
+    Attributes:
+        hidden: H, features per token.
+        num_experts: E.
+        top_k: experts per token (at most E).
+        intermediate: I, one expert's width per rank (w1 [E, 2I, H], w2 [E, H, I]).
+    """
+
+    param: ClassVar[str] = "moe"
+
+    hidden: int = 2048
+    num_experts: int = 512
+    top_k: int = 10
+    intermediate: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "num_experts", "top_k", "intermediate"):
+            checks.check_positive(name, getattr(self, name))
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k: must be at most num_experts (={self.num_experts}), got {self.top_k}")
+
+
+@dataclass(frozen=True)
 class BuildOptions:
     """How a batch becomes tensors (the same for the target alone and in its batches).
 
@@ -264,6 +290,20 @@ def rows(batch: Batch, opts: BuildOptions, stream: str, width: int) -> torch.Ten
     return torch.cat([randn(r.seed, stream, r.length, width, device=opts.device) for r in batch.requests]).to(
         opts.dtype
     )
+
+
+def routing(batch: Batch, shape: MoEShape, opts: BuildOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's experts and weights from its request's seed, as Qwen3-Next routes: softmax over
+    random router logits, the top_k largest, renormalised to sum to 1. Returns topk_weights
+    float32 and topk_ids int32, [sum of lengths, top_k] (computed per request, so a request's
+    routing is the same in any batch)."""
+    weights, ids = [], []
+    for r in batch.requests:
+        probs = torch.softmax(randn(r.seed, "router", r.length, shape.num_experts, device=opts.device), dim=-1)
+        w, i = torch.topk(probs, shape.top_k, dim=-1)
+        weights.append(w / w.sum(-1, keepdim=True))
+        ids.append(i)
+    return torch.cat(weights), torch.cat(ids).to(torch.int32)
 
 
 def request_rows(batch: Batch, request: int) -> slice:
