@@ -11,7 +11,10 @@ expert and shared-expert width of 512):
 - GDN: 16 / 4 = 4 key heads and 32 / 4 = 8 value heads per rank, K = V = 128, so conv_dim =
   2*4*128 + 8*128 = 2048 and in_proj_qkvz is 2048 -> 4 * (2*128 + 2*2*128) = 3072;
 - the MoE is replaced by a dense MLP of the same active width per rank: (10 experts + 1 shared)
-  * 512 / 4 = 1408 (gate/up 2048 -> 1408, down 1408 -> 2048);
+  * 512 / 4 = 1408 (gate/up 2048 -> 1408, down 1408 -> 2048); `num_experts` > 0 puts Qwen3-Next's
+  sparse MoE block back (`tiny-moe`; `ModelConfig.from_name("qwen3-next-80b-tp4", num_experts=512,
+  num_experts_per_tok=10, moe_intermediate_size=128, shared_expert_intermediate_size=128)` is the
+  real rank, 0.4 G expert weights a layer);
 - the vocabulary is cut to 1024 (weights are random; the lm_head is not what is studied);
 - hidden 2048 is not sharded; the all-reduces after o_proj, out_proj and down_proj are absent.
 """
@@ -35,6 +38,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_attention_heads=4, num_kv_heads=2, head_dim=16,
         linear_num_key_heads=2, linear_num_value_heads=4, linear_head_dim=16, conv_kernel=4,
         page_size=4, max_position_embeddings=256, dtype=torch.float32,
+    ),
+    # tiny with Qwen3-Next's sparse MoE block in place of the dense MLP: 8 experts, 3 per token.
+    "tiny-moe": dict(
+        vocab_size=128, hidden_size=64, num_layers=4, intermediate_size=128,
+        num_attention_heads=4, num_kv_heads=2, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_head_dim=16, conv_kernel=4,
+        page_size=4, max_position_embeddings=256, dtype=torch.float32,
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, shared_expert_intermediate_size=32,
     ),
     "qwen3-next-80b-tp4": dict(
         vocab_size=1024, hidden_size=2048, num_layers=48, intermediate_size=1408,
@@ -70,6 +81,10 @@ class ModelConfig:
         max_position_embeddings: positions the RoPE table holds (prompt + generated tokens).
         dtype: weights and activations (GDN states are float32).
         seed: seeds the random weights.
+        num_experts: E of a sparse MoE block in every layer (Qwen3-Next's); 0: the dense MLP.
+        num_experts_per_tok: the experts each token is routed to (at most E).
+        moe_intermediate_size: one expert's width; shared_expert_intermediate_size: the shared
+            expert's (both per rank).
     """
 
     vocab_size: int
@@ -91,6 +106,10 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     dtype: torch.dtype = torch.float32
     seed: int = 0
+    num_experts: int = 0
+    num_experts_per_tok: int = 1
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -109,6 +128,10 @@ class ModelConfig:
                 f"linear_num_value_heads (={self.linear_num_value_heads}) must be divisible by "
                 f"linear_num_key_heads (={self.linear_num_key_heads})"
             )
+        if isinstance(self.num_experts, bool) or not isinstance(self.num_experts, int) or self.num_experts < 0:
+            raise ValueError(f"num_experts: expected an int >= 0 (0: the dense MLP), got {self.num_experts!r}")
+        if self.num_experts:
+            self._check_moe()
         if self.conv_kernel < 2:
             raise ValueError(f"conv_kernel: the conv width must be at least 2, got {self.conv_kernel}")
         rot = self.rotary_dim
@@ -122,9 +145,17 @@ class ModelConfig:
         for name in ("rms_norm_eps", "rope_theta"):
             checks.check_positive_float(name, getattr(self, name))
 
+    def _check_moe(self) -> None:
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"):
+            checks.check_positive(name, getattr(self, name))
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok: must be at most num_experts (={self.num_experts}), got {self.num_experts_per_tok}"
+            )
+
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> ModelConfig:
-        """A preset by name ("tiny", "qwen3-next-80b-tp4"), with fields overridden by keyword.
+        """A preset by name ("tiny", "tiny-moe", "qwen3-next-80b-tp4"), with fields overridden by keyword.
 
         Raises:
             ValueError: unknown preset or field (or an invalid value).

@@ -19,6 +19,7 @@ from gdn_lab.model.config import ModelConfig
 from gdn_lab.ops import (
     causal_conv1d_update,
     decode_attention,
+    fused_moe,
     gdn_decode,
     gdn_layer_prefill,
     matmul,
@@ -244,17 +245,74 @@ class GatedAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); the dense stand-in for Qwen3-Next's MoE."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); the dense stand-in for Qwen3-Next's MoE (and its shared expert)."""
 
-    def __init__(self, config: ModelConfig, backends: Mapping[str, str]) -> None:
+    def __init__(self, config: ModelConfig, backends: Mapping[str, str], intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, backends)
-        self.up_proj = Linear(config.hidden_size, config.intermediate_size, backends)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, backends)
+        width = intermediate_size or config.intermediate_size
+        self.gate_proj = Linear(config.hidden_size, width, backends)
+        self.up_proj = Linear(config.hidden_size, width, backends)
+        self.down_proj = Linear(width, config.hidden_size, backends)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H]."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class RoutedExperts(nn.Module):
+    """The experts of a sparse MoE block, stacked (vLLM's layout): w13 [E, 2I, H] (each expert's gate
+    rows, then its up rows) and w2 [E, H, I], run by the lab's fused_moe op."""
+
+    def __init__(self, config: ModelConfig, backends: Mapping[str, str]) -> None:
+        super().__init__()
+        e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.w13 = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.w2 = nn.Parameter(torch.empty(e, h, i))
+        self.backends = backends
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """x [T, H], float32 topk_weights and int32 topk_ids [T, top_k] -> [T, H]."""
+        return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, backend=self.backends["fused_moe"],
+                         check_indices=False)  # fmt: skip
+
+
+# Lanes each [T, 1] value is broadcast to before an elementwise op (`_per_row`): a multiple of every CPU
+# vector width torch uses (16 float32 or 32 bf16/fp16 lanes with AVX-512).
+_ROW_LANES = 64
+
+
+def _per_row(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn of a [T, 1] tensor, each value computed as a full row of vector lanes.
+
+    On a CPU, torch's elementwise loops run a vector body and a scalar tail that can round a
+    transcendental differently, and which of them a [T, 1] tensor's last values land in follows T
+    (measured on Hugging Face's Qwen3-Next, README). Broadcast to [T, _ROW_LANES], every value takes
+    the vector body, whatever T is.
+    """
+    return fn(x.expand(-1, _ROW_LANES))[:, :1]
+
+
+class SparseMoE(nn.Module):
+    """Qwen3-Next's sparse MoE block: the router (`gate`, softmax over E in float32, the top
+    num_experts_per_tok, renormalised), the routed experts (`experts`, fused_moe), and the shared
+    expert (`shared_expert`, a SwiGLU) scaled by sigmoid(`shared_expert_gate`(x))."""
+
+    def __init__(self, config: ModelConfig, backends: Mapping[str, str]) -> None:
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.gate = Linear(config.hidden_size, config.num_experts, backends)
+        self.experts = RoutedExperts(config, backends)
+        self.shared_expert = MLP(config, backends, config.shared_expert_intermediate_size)
+        self.shared_expert_gate = Linear(config.hidden_size, 1, backends)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H] -> [T, H]."""
+        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E], one row at a time
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        routed = self.experts(x, weights, ids.to(torch.int32))
+        shared = self.shared_expert(x) * _per_row(torch.sigmoid, self.shared_expert_gate(x))
+        return routed + shared
 
 
 class DecoderLayer(nn.Module):
@@ -270,7 +328,7 @@ class DecoderLayer(nn.Module):
         else:
             self.linear_attn = GatedDeltaNet(config, layer_index, backends)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backends)
-        self.mlp = MLP(config, backends)
+        self.mlp = SparseMoE(config, backends) if config.num_experts else MLP(config, backends)
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """h [T, H] -> [T, H]."""

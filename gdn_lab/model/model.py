@@ -31,6 +31,7 @@ from gdn_lab.model.layers import (
     GreedySampler,
     Linear,
     RMSNorm,
+    RoutedExperts,
 )
 from gdn_lab.trace import Layout, Trace
 
@@ -43,6 +44,7 @@ OPS = (
     "gdn_decode",
     "prefill_attention",
     "decode_attention",
+    "fused_moe",
 )
 
 
@@ -264,6 +266,9 @@ class Model(nn.Module):
                 module.weight.data = draw(module.weight.shape, 0.1).to(dtype)
             elif isinstance(module, GatedRMSNorm):
                 module.weight.data = draw(module.weight.shape, 0.1, 1.0).to(dtype)
+            elif isinstance(module, RoutedExperts):
+                module.w13.data = draw(module.w13.shape, module.w13.shape[2] ** -0.5).to(dtype)
+                module.w2.data = draw(module.w2.shape, module.w2.shape[2] ** -0.5).to(dtype)
             elif isinstance(module, GatedDeltaNet):
                 w = module.conv_weight
                 module.conv_weight.data = draw(w.shape, w.shape[1] ** -0.5).to(dtype)

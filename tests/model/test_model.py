@@ -1,4 +1,5 @@
-"""The tiny hybrid model: against an independent step-by-step reference, and alone vs batched."""
+"""The tiny hybrid model, dense (`tiny`) and with Qwen3-Next's sparse MoE block (`tiny-moe`): against an
+independent step-by-step reference, and alone vs batched."""
 
 import math
 
@@ -16,9 +17,9 @@ TARGET = 1  # the two-token prompt: 2 rows alone, 14 in the batch (the CPU's flo
 LOGIT_ATOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def model() -> Model:
-    return Model(ModelConfig.from_name("tiny"))
+@pytest.fixture(scope="module", params=["tiny", "tiny-moe"])
+def model(request) -> Model:
+    return Model(ModelConfig.from_name(request.param))
 
 
 # -- an independent reference: the Qwen3-Next math, one token at a time, in float64 --
@@ -30,6 +31,10 @@ def rmsnorm0(x, w, eps):  # zero-centred: (1 + w)
 
 def silu(x):
     return x / (1 + torch.exp(-x))
+
+
+def swiglu(w, p, x):
+    return w[p + "down_proj.weight"] @ (silu(w[p + "gate_proj.weight"] @ x) * (w[p + "up_proj.weight"] @ x))
 
 
 class Reference:
@@ -103,6 +108,18 @@ class Reference:
         o = o * (1 / (1 + torch.exp(-gate)))
         return w[p + "o_proj.weight"] @ o.flatten()
 
+    def moe(self, i, x):
+        """Qwen3-Next's sparse MoE block, one expert at a time (HF's Qwen3NextSparseMoeBlock math)."""
+        c, w, p = self.cfg, self.w, f"layers.{i}.mlp."
+        probs = torch.softmax(w[p + "gate.weight"] @ x, 0)
+        top = probs.topk(c.num_experts_per_tok)
+        out = torch.zeros_like(x)
+        for weight, e in zip(top.values / top.values.sum(), top.indices.tolist()):
+            gate, up = (w[p + "experts.w13"][e] @ x).split(c.moe_intermediate_size)
+            out += weight * (w[p + "experts.w2"][e] @ (silu(gate) * up))
+        shared_gate = 1 / (1 + torch.exp(-(w[p + "shared_expert_gate.weight"] @ x)))
+        return out + shared_gate * swiglu(w, p + "shared_expert.", x)
+
     def step(self, token: int) -> torch.Tensor:
         """Feed one token; the logits of the next."""
         c, w = self.cfg, self.w
@@ -111,8 +128,7 @@ class Reference:
             x = rmsnorm0(h, w[f"layers.{i}.input_layernorm.weight"], c.rms_norm_eps)
             h = h + (self.gated_deltanet(i, x) if kind == "linear_attention" else self.attention(i, x))
             x = rmsnorm0(h, w[f"layers.{i}.post_attention_layernorm.weight"], c.rms_norm_eps)
-            m = f"layers.{i}.mlp."
-            h = h + w[m + "down_proj.weight"] @ (silu(w[m + "gate_proj.weight"] @ x) * (w[m + "up_proj.weight"] @ x))
+            h = h + (self.moe(i, x) if c.num_experts else swiglu(w, f"layers.{i}.mlp.", x))
         self.pos += 1
         return w["lm_head.weight"] @ rmsnorm0(h, w["norm.weight"], c.rms_norm_eps)
 
@@ -198,12 +214,31 @@ def test_triton_backends_agree_with_the_references(model, device):
     ref = model if device.type == "cpu" else Model(model.config, device=device)  # the same seeded weights
     tri = Model(model.config, device=device, backends={
         "matmul": "triton", "rms_norm": "triton", "gdn_layer_prefill": "triton-fused", "gdn_decode": "triton",
-        "prefill_attention": "triton", "decode_attention": "triton",
+        "prefill_attention": "triton", "decode_attention": "triton", "fused_moe": "triton",
     })  # fmt: skip
     prompts = PROMPTS[:2]
     want, got = ref.generate(prompts, 3), tri.generate(prompts, 3)
     assert torch.equal(want.tokens, got.tokens)
     assert (want.logprobs - got.logprobs).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("level", ["modules", "ops"])
+def test_the_moe_control_is_named_where_the_batch_crosses_its_switch(level):
+    """fused_moe's control sums a token's experts atomic-style above E = 8 tokens: the 2-token target
+    alone (2 rows) and in the batch (14) take the two sums at the prefill, never in decode (3 rows)."""
+    model = Model(ModelConfig.from_name("tiny-moe"), backends={"fused_moe": "triton-atomic-by-batch"})
+    ids = ["a", "t", "c"]
+    batched, tb = generate_traced(model, PROMPTS, ids, level)
+    alone, ta = generate_traced(model, [PROMPTS[TARGET]], ["t"], level)
+    assert not torch.equal(alone.logprobs[0], batched.logprobs[TARGET])
+    culprit = first_culprit(diff(ta, tb, "t"))
+    assert culprit["step"] == 0
+    if level == "ops":
+        assert (culprit["name"], culprit["op"], culprit["backend_a"]) == (
+            "layers.0.mlp.experts.fused_moe", "fused_moe", "triton-atomic-by-batch"
+        )
+    else:
+        assert (culprit["kind"], culprit["name"]) == ("module", "layers.0.mlp.experts")
 
 
 def test_presets():
@@ -217,6 +252,11 @@ def test_presets():
     assert (tp4.conv_dim, tp4.intermediate_size) == (2048, 1408)
     assert tp4.layer_types.count("full_attention") == 12
     assert ModelConfig.from_name("tiny", num_layers=8).layer_types.count("full_attention") == 2
+    assert tiny.num_experts == 0 and tp4.num_experts == 0  # the dense stand-in
+    moe = ModelConfig.from_name("tiny-moe")
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size) == (8, 3, 32)
+    names = dict(Model(moe).named_modules())
+    assert {"layers.0.mlp.gate", "layers.0.mlp.experts", "layers.0.mlp.shared_expert_gate"} <= set(names)
 
 
 @pytest.mark.parametrize(
@@ -230,6 +270,17 @@ def test_presets():
             lambda: ModelConfig.from_name("tiny", num_layers=0), "num_layers: expected a positive int", id="layers"
         ),
         pytest.param(lambda: ModelConfig.from_name("tiny", dtype=torch.int8), "dtype", id="dtype"),
+        pytest.param(
+            lambda: ModelConfig.from_name("tiny-moe", num_experts_per_tok=9),
+            r"num_experts_per_tok: must be at most num_experts \(=8\), got 9",
+            id="top-k",
+        ),
+        pytest.param(
+            lambda: ModelConfig.from_name("tiny", num_experts=-1), "num_experts: expected an int >= 0", id="experts"
+        ),
+        pytest.param(
+            lambda: ModelConfig.from_name("tiny", num_experts=4), "num_experts_per_tok|moe_intermediate_size", id="moe"
+        ),
         pytest.param(lambda: ModelConfig.from_name("tiny", partial_rotary_factor=0.01), "rotary", id="rope"),
         pytest.param(
             lambda: ModelConfig.from_name("tiny", rms_norm_eps=float("inf")),

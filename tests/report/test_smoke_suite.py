@@ -61,7 +61,8 @@ def test_torch_and_triton_are_bitwise_invariant_and_every_control_is_caught(run)
     assert ours.bitwise_equal.all()
     for op, part in ours.groupby("op"):
         assert "torch" in set(part.backend) and part.backend.str.startswith("triton").any(), op
-    assert set(ours.op) == {"decode_attention", "prefill_attention", "gdn_decode", "gdn_prefill", "gdn_layer_prefill"}
+    assert set(ours.op) == {"decode_attention", "prefill_attention", "gdn_decode", "gdn_prefill", "gdn_layer_prefill",
+                           "fused_moe"}  # fmt: skip
     assert df.control_caught.eq(True).all() and not df.insensitive.any()
     assert not (df.status == "error").any()
 
