@@ -235,7 +235,9 @@ def test_the_moe_control_is_named_where_the_batch_crosses_its_switch(level):
     assert culprit["step"] == 0
     if level == "ops":
         assert (culprit["name"], culprit["op"], culprit["backend_a"]) == (
-            "layers.0.mlp.experts.fused_moe", "fused_moe", "triton-atomic-by-batch"
+            "layers.0.mlp.experts.fused_moe",
+            "fused_moe",
+            "triton-atomic-by-batch",
         )
     else:
         assert (culprit["kind"], culprit["name"]) == ("module", "layers.0.mlp.experts")

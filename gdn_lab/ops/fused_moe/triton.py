@@ -29,7 +29,7 @@ def covered_control(args: Mapping[str, Any]) -> Check:
     top_k = args["topk_ids"].shape[1]
     if top_k < 3:
         return False, f"top_k={top_k}: the control varies the order of the top-k sum, which needs 3 or more terms"
-    return True, "CONTROL: the top-k sum in expert order with rounded (atomic-style) adds when M > E"
+    return True, "CONTROL: the top-k sum reversed, with rounded (atomic-style) adds, when M > E"
 
 
 register(
@@ -55,6 +55,6 @@ register(
         priority=PRIORITY_TRITON,
         auto=False,
         variant_control=True,
-        description="CONTROL: Triton MoE whose top-k sum is atomic-style (expert order, rounded adds) above E tokens",
+        description="CONTROL: Triton MoE whose top-k sum is atomic-style (reversed, rounded adds) above E tokens",
     )
 )

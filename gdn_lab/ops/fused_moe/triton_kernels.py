@@ -24,9 +24,10 @@ share a block, never what a row computes; the top-k sum runs in the token's own 
 The control (`moe_atomic_by_batch`) runs the same kernels, but when the batch has more tokens than
 experts it sums each token's top-k rows as a two-stage MoE's atomic stage 2 does (AITER's CK MoE
 picks atomic or reduce kernels by the token count, see shared/reference/aiter_contracts.md §8):
-each add into an accumulator of x's dtype (rounded at every add), in the order of the experts
-(the blocks' order) instead of the token's top-k order. Deterministic here (the atomics' order is
-fixed), it changes a token's bits between a batch at or under E tokens and one above.
+each add into an accumulator of x's dtype, rounded at every add. Atomics fix no order; the control
+adds in the reverse of the token's top-k order, the one order sure to differ from the reduce's
+(with three terms or more), so it changes a token's bits between a batch of at most E tokens and
+one of more, deterministically.
 """
 
 from __future__ import annotations
@@ -192,8 +193,8 @@ def _down_kernel(
 
 @triton.jit
 def _combine_kernel(
-    y, out, sum_order, H, stride_om, stride_oh,
-    TOP_K: tl.constexpr, BH: tl.constexpr, EXPERT_ORDER: tl.constexpr,
+    y, out, H, stride_om, stride_oh,
+    TOP_K: tl.constexpr, BH: tl.constexpr, ATOMIC: tl.constexpr,
     IO_MANT: tl.constexpr, IO_TINY: tl.constexpr, IO_MAGIC: tl.constexpr,
 ):  # fmt: skip
     i_m = tl.program_id(0).to(tl.int64)
@@ -201,11 +202,9 @@ def _combine_kernel(
     m_h = o_h < H
     b_acc = tl.zeros([BH], tl.float32)
     for i in tl.static_range(TOP_K):
-        k = i
-        if EXPERT_ORDER:  # the control's atomic adds: the experts' order, rounded at every add
-            k = tl.load(sum_order + i_m * TOP_K + i).to(tl.int64)
+        k = TOP_K - 1 - i if ATOMIC else i  # the control's atomic adds: reversed, rounded at every add
         b_acc += tl.load(y + (i_m * TOP_K + k) * H + o_h, mask=m_h, other=0.0).to(tl.float32)
-        if EXPERT_ORDER:
+        if ATOMIC:
             b_acc = round_rne(b_acc, IO_MANT, IO_TINY, IO_MAGIC)
     b_out = round_rne(b_acc, IO_MANT, IO_TINY, IO_MAGIC)
     tl.store(out + i_m * stride_om + o_h * stride_oh, b_out.to(out.dtype.element_ty), mask=m_h)
@@ -217,9 +216,9 @@ def _run(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    expert_order: bool,
+    atomic: bool,
 ) -> torch.Tensor:
-    """The three launches (see the module docstring); `expert_order`: the control's top-k sum."""
+    """The three launches (see the module docstring); `atomic`: the control's top-k sum."""
     tokens, h = x.shape
     num_experts, inter, top_k = w1.shape[0], w2.shape[2], topk_ids.shape[1]
     out = torch.empty(tokens, h, dtype=x.dtype, device=x.device)
@@ -241,11 +240,9 @@ def _run(
         act, w2, y, topk_weights, *blocks, h, inter, w2.stride(0), w2.stride(1), w2.stride(2),
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, **common,
     )  # fmt: skip
-    # the order of each token's top-k rows by expert (the control's atomic adds), else unused
-    sum_order = torch.argsort(topk_ids, dim=1, stable=True).to(torch.int32) if expert_order else topk_ids
     _combine_kernel[(tokens, triton.cdiv(h, cfg.block_h))](
-        y, out, sum_order, h, out.stride(0), out.stride(1),
-        TOP_K=top_k, BH=cfg.block_h, EXPERT_ORDER=expert_order, **grid_args("IO", x.dtype),
+        y, out, h, out.stride(0), out.stride(1),
+        TOP_K=top_k, BH=cfg.block_h, ATOMIC=atomic, **grid_args("IO", x.dtype),
     )  # fmt: skip
     return out
 
@@ -261,11 +258,11 @@ def moe_triton(
     Returns:
         [M, H] in x's dtype.
     """
-    return _run(x, w1, w2, topk_weights, topk_ids, expert_order=False)
+    return _run(x, w1, w2, topk_weights, topk_ids, atomic=False)
 
 
 def atomic_sum_for_batch(tokens: int, num_experts: int) -> bool:
-    """The control's reduction mode: atomic (expert order, rounded adds) when the tokens outnumber the experts."""
+    """The control's reduction mode: atomic (reversed, rounded adds) when the tokens outnumber the experts."""
     return tokens > num_experts
 
 
@@ -276,9 +273,9 @@ def moe_atomic_by_batch(
 
     This is a deliberately batch-variant control, not a kernel to use: with more tokens than
     experts (`atomic_sum_for_batch`), each token's top-k rows are added into an accumulator of x's
-    dtype in the experts' order, rounded at every add, as a two-stage MoE's atomic stage 2 adds
-    them; otherwise exactly `moe_triton`. A token alone (M = its own length) and in a batch of more
-    than E tokens then sums its experts in two ways.
+    dtype, rounded at every add, as a two-stage MoE's atomic stage 2 adds them, in the reverse of
+    the token's top-k order; otherwise exactly `moe_triton`. A token alone (M = its own length) and
+    in a batch of more than E tokens then sums its experts in two ways.
     """
     atomic = atomic_sum_for_batch(x.shape[0], w1.shape[0])
-    return _run(x, w1, w2, topk_weights, topk_ids, expert_order=atomic)
+    return _run(x, w1, w2, topk_weights, topk_ids, atomic=atomic)
