@@ -513,8 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--shape",
         type=_shape,
         metavar="FIELD=N,...",
-        help="the op's shape fields, e.g. num_q_heads=8,num_kv_heads=1 (attention), num_k_heads=4 (GDN); "
-        "default on the CPU: small heads (attention 8/2/64, page 16; GDN 4/8/32), on a GPU: Qwen3 shapes",
+        help="the op's shape fields, e.g. num_q_heads=8,num_kv_heads=1 (attention), num_k_heads=4 (GDN), "
+        "num_experts=16,top_k=4 (MoE); default on the CPU: small heads (attention 8/2/64, page 16; GDN 4/8/32; "
+        "MoE H 64, 8 experts, top 3, I 32), on a GPU: Qwen3 shapes",
     )
     inv.add_argument("--seed", type=_int, default=0)
     inv.add_argument("--json", action="store_true", help="JSON lines, one per row")
