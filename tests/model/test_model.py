@@ -223,10 +223,10 @@ def test_triton_backends_agree_with_the_references(model, device):
 
 
 @pytest.mark.parametrize("level", ["modules", "ops"])
-def test_the_moe_control_is_named_where_the_batch_crosses_its_switch(level):
+def test_the_moe_control_is_named_where_the_batch_crosses_its_switch(level, device):
     """fused_moe's control sums a token's experts atomic-style above E = 8 tokens: the 2-token target
     alone (2 rows) and in the batch (14) take the two sums at the prefill, never in decode (3 rows)."""
-    model = Model(ModelConfig.from_name("tiny-moe"), backends={"fused_moe": "triton-atomic-by-batch"})
+    model = Model(ModelConfig.from_name("tiny-moe"), backends={"fused_moe": "triton-atomic-by-batch"}, device=device)
     ids = ["a", "t", "c"]
     batched, tb = generate_traced(model, PROMPTS, ids, level)
     alone, ta = generate_traced(model, [PROMPTS[TARGET]], ["t"], level)
