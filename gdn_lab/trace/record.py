@@ -148,6 +148,7 @@ class _Kind(RowsKind):
     view: torch.dtype | None  # the integer view its words are read as (None: as it is, `words_view`)
     f: int  # words per row
     slots: int  # sink slots per use: the whole hash, then one per request when seg is given (a view: one per request)
+    as_is: bool  # the row stage reads the tensor itself (no integer view, no flattening: `as_words` would return it)
 
 
 @dataclass(eq=False, slots=True)
@@ -353,23 +354,20 @@ class Trace:
         self._outs.append(None)
         return len(self._calls) - 1
 
-    def _kind(self, layout: Layout, t: torch.Tensor) -> _Kind:
-        """What hashing a tensor of t's dtype, shape and device under `layout` takes, derived once:
-        a forward hashes the same few signatures thousands of times (`_hash`)."""
-        dtype, shape, device = t.dtype, t.shape, t.device
-        key = (layout, dtype, shape, device)
-        kind = self._kinds.get(key)
-        if kind is not None:
-            return kind
+    def _kind(self, layout: Layout, dtype: torch.dtype, shape: torch.Size, device: torch.device) -> _Kind:
+        """What hashing a tensor of this dtype, shape and device under `layout` takes, derived once
+        per trace (`_hash` looks it up in `_kinds` first: a forward hashes the same few signatures
+        thousands of times)."""
         alignment = layout.alignment_of(shape)
         flatten = alignment == PADDED
         rows_shape = torch.Size([shape[0] * shape[1], *shape[2:]]) if flatten else shape
         view, n, f, salt, cplx = words_signature(dtype, rows_shape)
         seg, pos = (None, None) if alignment == UNALIGNED else layout.rows(alignment, device)
         arena = self._sink.arena(device)
-        kind = _Kind(arena, n, salt, seg, pos, alignment, tuple(shape), dtype_name(dtype), flatten, cplx,
-                     words_view(dtype, view, arena.impl), f, 1 if seg is None else 1 + layout.num_requests)  # fmt: skip
-        self._kinds[key] = kind
+        words = words_view(dtype, view, arena.impl)
+        kind = _Kind(arena, n, salt, seg, pos, alignment, tuple(shape), dtype_name(dtype), flatten, cplx, words, f,
+                     1 if seg is None else 1 + layout.num_requests, words is None and not flatten and not cplx)  # fmt: skip
+        self._kinds[(layout, dtype, shape, device)] = kind
         return kind
 
     def _hash(self, items: Iterable[tuple[str, torch.Tensor]], layout: Layout, since: int = -1, at: int = -1) -> None:
@@ -377,7 +375,7 @@ class Trace:
         a call that began after call `since` is not read again if torch shows it unchanged (the same
         object, or for a view the same base, version counter, data pointer, shape, strides and
         dtype) and the layout does not flatten it otherwise than when it was read."""
-        sink, paths = self._sink, self._paths
+        sink, paths, kinds = self._sink, self._paths, self._kinds
         seen, reuse = self._seen, self._reuse
         uses, starts, bases, wholes = sink.kinds, sink.starts, sink.bases, sink.wholes
         if at < 0:
@@ -388,8 +386,10 @@ class Trace:
                 version = t._version if reuse else None
             except RuntimeError:  # an inference tensor keeps no version counter: read at every call
                 version = None
-            if version is not None:  # what torch shows of t, read once (each read is a C call)
-                ptr, shape, stride, dtype, base = t.data_ptr(), t.shape, t.stride(), t.dtype, t._base
+            # what torch shows of t, read once (each read is a C call)
+            shape, dtype = t.shape, t.dtype
+            if version is not None:
+                ptr, stride, base = t.data_ptr(), t.stride(), t._base
                 # A view is kept under its base (which holds its storage and version counter) and its
                 # place in it: a view made anew at every call (a weight's .t()) is read once.
                 owner, key = (t, id(t)) if base is None else (base, (id(base), ptr, shape, stride))
@@ -407,16 +407,18 @@ class Trace:
             ):
                 kind, start = hit[8], hit[9]
                 if hit[2] is not layout:  # rows do not depend on the layout, unless it flattens them
-                    kind = self._kind(layout, t)
+                    device = t.device
+                    kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
                     start = hit[9] if kind.flatten == hit[8].flatten else -1
             else:
                 kind, start = None, -1
             if start < 0:
                 if kind is None:  # a hit under another layout brings this layout's kind already
-                    kind = self._kind(layout, t)
-                # the row stage now, into its device's arena
-                start = kind.arena.read(as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx),
-                                        kind.n, kind.f)  # fmt: skip
+                    device = t.device
+                    kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
+                # the row stage now, into its device's arena (most kinds read the tensor as it is)
+                words = t if kind.as_is else as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx)
+                start = kind.arena.read(words, kind.n, kind.f)
                 if version is not None:
                     seen[key] = (at, weakref.ref(owner), layout, version, ptr, shape, stride, dtype, kind, start)
                     if len(seen) > self._prune_at:
@@ -445,9 +447,10 @@ class Trace:
             t = v.rows
             arena = sink.arena(t.device)
             view, n, f, salt, cplx = words_signature(t.dtype, t.shape)
-            kind = _Kind(arena, n, salt, v.seg, v.pos, VIEW, tuple(t.shape), dtype_name(t.dtype), False, cplx,
-                         words_view(t.dtype, view, arena.impl), f, layout.num_requests)  # fmt: skip
-            start = arena.read(as_words(t, kind.view, cplx), n, f)
+            words = words_view(t.dtype, view, arena.impl)
+            kind = _Kind(arena, n, salt, v.seg, v.pos, VIEW, tuple(t.shape), dtype_name(t.dtype), False, cplx, words, f,
+                         layout.num_requests, words is None and not cplx)  # fmt: skip
+            start = arena.read(as_words(t, words, cplx), n, f)
             sink.use(kind, start, sink.slots(kind.slots), -1)
             self._paths.append(path)
 
