@@ -120,8 +120,8 @@ class Config(ExperimentConfig):
     """One model-invariance run.
 
     Attributes:
-        model: a lab model preset ("tiny", "qwen3-next-80b-tp4"), a Hugging Face builder
-            ("hf-qwen3-tiny", "hf-qwen3-next-tiny", "hf-qwen3-8b"; `gdn_lab.model.hf.BUILDERS`), or
+        model: a lab model preset ("tiny", "tiny-moe", "qwen3-next-80b-tp4"), a Hugging Face builder
+            ("hf-qwen3-tiny", "hf-qwen3-next-tiny", "hf-qwen3-next-moe-tiny", "hf-qwen3-8b"; `gdn_lab.model.hf.BUILDERS`), or
             "hf-custom": any Hugging Face causal LM the caller built, passed as `run(cfg, model=...)`.
         num_layers: the model's depth (None: the preset's or builder's).
         dtype: weights and activations (None: the model's own: fp32 for the tiny ones).

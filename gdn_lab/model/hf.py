@@ -10,6 +10,7 @@ Builders (`BUILDERS`, by name):
 |---|---|---|
 | `hf-qwen3-tiny` | Qwen3, hidden 64, 2 layers, 4/2 heads of 16 | CPU: HF's dense attention path in seconds |
 | `hf-qwen3-next-tiny` | Qwen3-Next, hidden 64, 3 GDN + 1 gated-attention layer, dense MLP | CPU: HF's pure-torch GDN path (fla hidden) |
+| `hf-qwen3-next-moe-tiny` | the same with Qwen3-Next's sparse MoE block in every layer (8 experts, 3 per token, a shared expert) | CPU: HF's MoE experts, a loop of F.linear over each expert's gathered tokens |
 | `hf-qwen3-8b` | Qwen3-8B's widths: hidden 4096, 32/8 heads of 128, MLP 12288; 4 layers, vocab 32768 | GPU: q_proj and o_proj are the K = N = 4096 bf16 matmul measured batch-variant on the H200 |
 
 transformers is an optional extra (`pip install gdn_lab[hf]`); it is imported when a model is built.
@@ -111,15 +112,17 @@ def _qwen3(num_layers: int | None, **sizes: Any) -> Callable[[], nn.Module]:
     return build
 
 
-def _qwen3_next_tiny(num_layers: int | None, torch_path: bool) -> nn.Module:
+def _qwen3_next_tiny(num_layers: int | None, torch_path: bool, moe: bool = False) -> nn.Module:
+    """Qwen3-Next at hidden 64; `moe`: its sparse MoE block in every layer, else the dense MLP in all
+    (`mlp_only_layers`)."""
     mod = qwen3_next_module(torch_path)
     layers = 4 if num_layers is None else num_layers
     cfg = _transformers().Qwen3NextConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4,
         linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-        mlp_only_layers=list(range(layers)), attn_implementation="sdpa",
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        mlp_only_layers=[] if moe else list(range(layers)), attn_implementation="sdpa",
     )  # fmt: skip
     return mod.Qwen3NextForCausalLM(cfg)
 
@@ -164,6 +167,12 @@ BUILDERS: dict[str, Builder] = {
             "Qwen3-Next, hidden 64, 3 GDN + 1 gated attention, dense MLP, fp32 (torch GDN path on the CPU)",
             torch.float32,
             lambda n, dev: _qwen3_next_tiny(n, torch_path=dev.type == "cpu"),
+        ),
+        Builder(
+            "hf-qwen3-next-moe-tiny",
+            "Qwen3-Next, hidden 64, 3 GDN + 1 gated attention, sparse MoE (8 experts, 3 per token) in every layer, fp32",
+            torch.float32,
+            lambda n, dev: _qwen3_next_tiny(n, torch_path=dev.type == "cpu", moe=True),
         ),
         Builder(
             "hf-qwen3-8b",

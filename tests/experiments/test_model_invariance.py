@@ -215,6 +215,26 @@ def test_hf_qwen3_next_torch_path_op_level_names_the_call_inside_the_module_blam
     assert r.bitwise_equal or r.first_diff_step == 0
 
 
+def test_hf_qwen3_next_moe_experts_are_blamed_as_a_module():
+    pytest.importorskip("transformers")
+    # Measured on the 2-core CPU this was written on (an AVX-512 AMD EPYC VM, torch 2.13, transformers
+    # 5.25): at 31 tokens in batches of 2 and 5, HF's Qwen3NextExperts changes the target's bits in layer
+    # 0. It loops over the experts with F.linear on each expert's gathered tokens, whose leading dim is
+    # that expert's token count (neither the batch's rows nor its requests), so the trace reads them
+    # whole: those calls have unaligned inputs and cannot be culprits, and the experts module, whose
+    # own inputs were equal, is. Another CPU may round elsewhere first.
+    res = mi.run(
+        mi.Config(model="hf-qwen3-next-moe-tiny", modes=["single"], prompt_lens=[31], batch_sizes=[2, 5],
+                  max_new_tokens=1, control=None, device="cpu"),
+        progress=False,
+    )  # fmt: skip
+    t = res.table
+    if not (t.culprit_name == "model.layers.0.mlp.experts").any():
+        pytest.skip(f"this CPU's kernels rounded elsewhere (first culprits: {sorted(set(t.culprit_name.dropna()))})")
+    r = t[t.culprit_name == "model.layers.0.mlp.experts"].iloc[0]
+    assert (r.culprit_kind, r.step) == ("module", 0)
+
+
 def test_any_hugging_face_causal_lm_built_by_the_caller():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

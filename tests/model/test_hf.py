@@ -18,7 +18,7 @@ def qwen3():
 
 
 def test_builders_and_bad_names():
-    assert set(hf.BUILDERS) == {"hf-qwen3-tiny", "hf-qwen3-next-tiny", "hf-qwen3-8b"}
+    assert set(hf.BUILDERS) == {"hf-qwen3-tiny", "hf-qwen3-next-tiny", "hf-qwen3-next-moe-tiny", "hf-qwen3-8b"}
     assert hf.is_hf("hf-qwen3-tiny") and not hf.is_hf("tiny")
     with pytest.raises(ValueError, match="name: 'gpt2' is not a Hugging Face builder"):
         hf.HFModel("gpt2")
