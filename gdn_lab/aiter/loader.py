@@ -53,6 +53,8 @@ KERNEL_MODULES = {
     "unified_attention": ("aiter.ops.triton.unified_attention", "aiter.ops.triton.attention.unified_attention"),
     "mha": ("aiter.ops.triton.mha", "aiter.ops.triton.attention.mha"),
     "gemm_a16w16": ("aiter.ops.triton.gemm_a16w16", "aiter.ops.triton.gemm.basic.gemm_a16w16"),
+    "moe_op": ("aiter.ops.triton.moe_op", "aiter.ops.triton.moe.moe_op"),
+    "moe_config_utils": ("aiter.ops.triton.utils.moe_config_utils",),
     # newer than amd-aiter 0.1.7 (aiter built from source)
     "gdn_decode_triton": ("aiter.ops.triton._triton_kernels.gated_delta_rule.decode.fused_sigmoid_gating_recurrent",),
     # AITER's ROCm-only kernels (HIP, CK, FlyDSL, Gluon): imported on ROCm only, by the official route

@@ -174,4 +174,4 @@ register(
     )
 )
 
-from gdn_lab.ops.fused_moe import triton  # noqa: E402, F401  (its backends)
+from gdn_lab.ops.fused_moe import aiter_triton, triton  # noqa: E402, F401  (their backends)

@@ -121,6 +121,27 @@ def plan(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Plan:
 
 
 @triton.jit
+def silu_mul(gate, up, IO_MANT: tl.constexpr, IO_TINY: tl.constexpr, IO_MAGIC: tl.constexpr):
+    """silu(gate) * up in float32, rounded to the IO dtype (gate and up already on its grid)."""
+    return round_rne(gate / (1.0 + tl.exp(-gate)) * up, IO_MANT, IO_TINY, IO_MAGIC)
+
+
+@triton.jit
+def _silu_mul_kernel(
+    gate_up, act, S, I, BR: tl.constexpr, BN: tl.constexpr,
+    IO_MANT: tl.constexpr, IO_TINY: tl.constexpr, IO_MAGIC: tl.constexpr,
+):  # fmt: skip
+    o_r = tl.program_id(0) * BR + tl.arange(0, BR).to(tl.int64)
+    o_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    m = (o_r < S)[:, None] & (o_n < I)[None, :]
+    p_gate = gate_up + o_r[:, None] * (2 * I) + o_n[None, :]
+    b_gate = tl.load(p_gate, mask=m, other=0.0).to(tl.float32)
+    b_up = tl.load(p_gate + I, mask=m, other=0.0).to(tl.float32)
+    b_act = silu_mul(b_gate, b_up, IO_MANT, IO_TINY, IO_MAGIC)
+    tl.store(act + o_r[:, None] * I + o_n[None, :], b_act.to(act.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _block_slots(order, block_expert, block_first, block_rows, BM: tl.constexpr):
     """(rows, expert, slots [BM], m_m [BM]) of this program's block; rows 0: nothing to do."""
     i_b = tl.program_id(0)
@@ -160,7 +181,7 @@ def _gate_up_kernel(
             b_up = dot_acc(b_up, b_x, b_wu, INPUT_PRECISION, ROW_EXACT_DOT)
         b_gate = round_rne(b_gate, IO_MANT, IO_TINY, IO_MAGIC)
         b_up = round_rne(b_up, IO_MANT, IO_TINY, IO_MAGIC)
-        b_act = round_rne(b_gate / (1.0 + tl.exp(-b_gate)) * b_up, IO_MANT, IO_TINY, IO_MAGIC)
+        b_act = silu_mul(b_gate, b_up, IO_MANT, IO_TINY, IO_MAGIC)
         p_act = act + slots[:, None] * I + o_n[None, :]
         tl.store(p_act, b_act.to(act.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
@@ -240,10 +261,38 @@ def _run(
         act, w2, y, topk_weights, *blocks, h, inter, w2.stride(0), w2.stride(1), w2.stride(2),
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, **common,
     )  # fmt: skip
-    _combine_kernel[(tokens, triton.cdiv(h, cfg.block_h))](
-        y, out, h, out.stride(0), out.stride(1),
-        TOP_K=top_k, BH=cfg.block_h, ATOMIC=atomic, **grid_args("IO", x.dtype),
-    )  # fmt: skip
+    return topk_sum(y, tokens, top_k, atomic, out)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """act = silu(gate) * up of gate_up [S, 2I] (contiguous; gate the first I columns, in their own
+    dtype's grid), in float32, rounded to that dtype: the first launch's epilogue, for pipelines
+    whose GEMM stores gate and up (`fused_moe.aiter_triton`)."""
+    slots, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    act = torch.empty(slots, inter, dtype=gate_up.dtype, device=gate_up.device)
+    if slots:
+        cfg = moe_config(gate_up.dtype)
+        _silu_mul_kernel[(triton.cdiv(slots, cfg.block_m), triton.cdiv(inter, cfg.block_n))](
+            gate_up, act, slots, inter, BR=cfg.block_m, BN=cfg.block_n, **grid_args("IO", gate_up.dtype),
+        )  # fmt: skip
+    return act
+
+
+def topk_sum(
+    y: torch.Tensor, tokens: int, top_k: int, atomic: bool = False, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """out [tokens, H] = the sum of each token's top_k rows of y [tokens * top_k, H] (contiguous,
+    slot m * top_k + k), in float32 in k order, rounded once to y's dtype; `atomic`: the control's
+    reversed, rounded adds."""
+    h = y.shape[1]
+    if out is None:
+        out = torch.empty(tokens, h, dtype=y.dtype, device=y.device)
+    if tokens:
+        cfg = moe_config(y.dtype)
+        _combine_kernel[(tokens, triton.cdiv(h, cfg.block_h))](
+            y, out, h, out.stride(0), out.stride(1),
+            TOP_K=top_k, BH=cfg.block_h, ATOMIC=atomic, **grid_args("IO", y.dtype),
+        )  # fmt: skip
     return out
 
 
