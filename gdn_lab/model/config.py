@@ -39,13 +39,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         linear_num_key_heads=2, linear_num_value_heads=4, linear_head_dim=16, conv_kernel=4,
         page_size=4, max_position_embeddings=256, dtype=torch.float32,
     ),
-    # tiny with Qwen3-Next's sparse MoE block in place of the dense MLP: 8 experts, 3 per token.
+    # tiny with Qwen3-Next's sparse MoE block in place of the dense MLP: 8 experts, 3 per token, each
+    # 160 wide, so the down projection's K is cut differently by the 64 and 128 K slices of AITER's
+    # Triton MoE configs (its switch at 256 tokens shows in a whole model).
     "tiny-moe": dict(
         vocab_size=128, hidden_size=64, num_layers=4, intermediate_size=128,
         num_attention_heads=4, num_kv_heads=2, head_dim=16,
         linear_num_key_heads=2, linear_num_value_heads=4, linear_head_dim=16, conv_kernel=4,
         page_size=4, max_position_embeddings=256, dtype=torch.float32,
-        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=160, shared_expert_intermediate_size=32,
     ),
     "qwen3-next-80b-tp4": dict(
         vocab_size=1024, hidden_size=2048, num_layers=48, intermediate_size=1408,

@@ -172,14 +172,17 @@ class Cache:
         positions, slot_mapping, cu, kv_indptr, kv_indices, lens = [], [], [0], [0], [], []
         for r, add in enumerate(new_tokens):
             start, end = self.seq_lens[r], self.seq_lens[r] + add
-            pages = self.page_ids[self.page_indptr[r] : self.page_indptr[r + 1]]
             positions.extend(range(start, end))
-            slot_mapping.extend(pages[p // ps] * ps + p % ps for p in range(start, end))
             cu.append(cu[-1] + add)
+            lens.append(end)
+            if not self.kv:  # no attention layer: no pages (an empty page table)
+                kv_indptr.append(0)
+                continue
+            pages = self.page_ids[self.page_indptr[r] : self.page_indptr[r + 1]]
+            slot_mapping.extend(pages[p // ps] * ps + p % ps for p in range(start, end))
             need = math.ceil(end / ps)
             kv_indices.extend(pages[:need])
             kv_indptr.append(kv_indptr[-1] + need)
-            lens.append(end)
 
         def i32(x: list[int]) -> torch.Tensor:
             return torch.tensor(x, dtype=torch.int32, device=dev)

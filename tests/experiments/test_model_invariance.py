@@ -167,6 +167,30 @@ def test_a_ruled_culprit_carries_the_rule_for_both_launches(ruled_backend):
     )
 
 
+def test_aiters_moe_config_switch_is_named_and_explained_in_a_whole_model(device):
+    """AITER's Triton MoE in the lab model: a 90-token prompt alone launches small_M (K in 64-wide
+    slices), three of them (270 tokens) medium_M (128): the first culprit is layer 0's fused_moe,
+    explained by the rule for both launches."""
+    from gdn_lab import aiter
+
+    if not aiter.probe().installed:
+        pytest.skip(f"aiter is not installed ({aiter.INSTALL_HINT})")
+    if device.type != "cpu":
+        pytest.skip("an interpreter claim (each K slice a dot of its own); compiled, see test_aiter_triton.py")
+    res = mi.run(
+        mi.Config(model="tiny-moe", dtype="float16", modes=["single"], prompt_lens=[90], batch_sizes=[3],
+                  max_new_tokens=1, max_len=128, backends={"fused_moe": "aiter-triton-moe"}, control=None,
+                  device="cpu"),
+        progress=False,
+    )  # fmt: skip
+    r = res.table.iloc[0]
+    assert not r.bitwise_equal
+    assert (r.culprit_name, r.culprit_backend, r.step) == ("layers.0.mlp.experts.fused_moe", "aiter-triton-moe", 0)
+    assert (r.rule, r.rule_expected) == ("aiter_triton_moe", "switch")
+    assert "alone (M=90: MI350X-MOE-DEFAULT.json entry small_M" in r.rule_explanation
+    assert "in the batch of 3 (M=270: MI350X-MOE-DEFAULT.json entry medium_M" in r.rule_explanation
+
+
 # -- Hugging Face models built from a config --
 
 

@@ -165,6 +165,17 @@ def test_page_and_slot_placement_do_not_change_the_bits(model):
     assert shuffled.tokens.shape == (3, 4)
 
 
+@pytest.mark.parametrize("layers", [1, 3])
+def test_a_model_without_attention_layers(layers):
+    """Fewer than full_attention_interval layers: GDN only, no KV pages (the page table is empty)."""
+    model = Model(ModelConfig.from_name("tiny-moe", num_layers=layers))
+    assert "full_attention" not in model.config.layer_types
+    batched, alone = model.generate(PROMPTS, 3), model.generate([PROMPTS[TARGET]], 3)
+    assert torch.equal(alone.tokens[0], batched.tokens[TARGET]) and torch.equal(
+        alone.logprobs[0], batched.logprobs[TARGET]
+    )
+
+
 def generate_traced(model, prompts, ids, level):
     with record(model, Layout.per_request(ids), level=level) as tr:
         out = model.generate(prompts, 4, request_ids=ids, trace=tr)
@@ -256,7 +267,7 @@ def test_presets():
     assert ModelConfig.from_name("tiny", num_layers=8).layer_types.count("full_attention") == 2
     assert tiny.num_experts == 0 and tp4.num_experts == 0  # the dense stand-in
     moe = ModelConfig.from_name("tiny-moe")
-    assert (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size) == (8, 3, 32)
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size) == (8, 3, 160)
     names = dict(Model(moe).named_modules())
     assert {"layers.0.mlp.gate", "layers.0.mlp.experts", "layers.0.mlp.shared_expert_gate"} <= set(names)
 
