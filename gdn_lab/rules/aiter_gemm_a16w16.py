@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from gdn_lab import aiter, checks
-from gdn_lab.rules.base import Predicted, RuleEnv
+from gdn_lab.rules.base import Predicted, RuleEnv, aiter_config_folder
 
 SOURCE = (
     "amd-aiter (installed; written against 0.1.7.post2.dev18), "
@@ -64,7 +64,6 @@ SOURCE = (
 )
 # arch_info._ARCH_TO_DEVICE: the config files' device names
 DEVICES = {"gfx942": "MI300X", "gfx950": "MI350X"}
-CONFIG_FOLDER = ("ops", "triton", "configs", "gemm")
 NUMERICS_FIELDS = ("BLOCK_SIZE_K", "NUM_KSPLIT", "SPLITK_BLOCK_SIZE", "matrix_instr_nonkdim", "kpack")
 TILING_FIELDS = (
     "BLOCK_SIZE_M",
@@ -181,26 +180,6 @@ def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def installed_config_folder() -> tuple[Path, str | None]:
-    """The installed aiter's `configs/gemm` folder and the aiter version, without importing aiter.
-
-    Raises:
-        ImportError: aiter is not installed, or has no such folder (the message says how to install it).
-    """
-    p = aiter.probe()
-    if not p.installed or p.location is None:
-        raise ImportError(
-            f"aiter is not installed; the gemm_a16w16 rule reads its config tables at run time: {aiter.INSTALL_HINT}"
-        )
-    folder = Path(p.location).joinpath(*CONFIG_FOLDER)
-    if not folder.is_dir():
-        raise ImportError(
-            f"the installed aiter {p.version} at {p.location} has no {'/'.join(CONFIG_FOLDER)} folder; "
-            f"the rule was written against {aiter.WRITTEN_AGAINST}: {aiter.INSTALL_HINT}"
-        )
-    return folder, p.version
-
-
 def config_file(arch: str, n: int, k: int) -> ConfigFile:
     """The table `_get_config` reads for (arch, N, K): the N/K file if it exists, else the default.
 
@@ -211,7 +190,7 @@ def config_file(arch: str, n: int, k: int) -> ConfigFile:
     checks.check_choice("arch", arch, tuple(DEVICES))
     checks.check_positive("n", n)
     checks.check_positive("k", k)
-    folder, version = installed_config_folder()
+    folder, version = aiter_config_folder("gemm")
     device = DEVICES[arch]
     specific = folder / f"{device}-GEMM-A16W16-N={n}-K={k}.json"
     if specific.is_file():

@@ -46,15 +46,14 @@ from typing import Any
 
 import torch
 
-from gdn_lab import aiter, checks
-from gdn_lab.rules.base import Predicted, RuleEnv
+from gdn_lab import checks
+from gdn_lab.rules.base import Predicted, RuleEnv, aiter_config_folder
 
 SOURCE = (
     "amd-aiter (installed; written against 0.1.7.post2.dev18), "
     "aiter/ops/triton/utils/moe_config_utils.py::get_optimal_moe_config + configs/moe/{device}-MOE-{dtype}.json"
 )
 DEVICES = {"gfx942": "MI300X", "gfx950": "MI350X"}  # arch_info._ARCH_TO_DEVICE: the 0.1.7 tables' names
-CONFIG_FOLDER = ("ops", "triton", "configs", "moe")
 DTYPE_FILES = {torch.float16: "DEFAULT", torch.bfloat16: "DEFAULT", torch.float32: "float32"}
 
 
@@ -155,22 +154,12 @@ def table_file(arch: str, dtype: torch.dtype) -> tuple[Path | None, str | None]:
     """
     checks.check_choice("arch", arch, tuple(DEVICES))
     checks.check_choice("dtype", dtype, tuple(DTYPE_FILES))
-    p = aiter.probe()
-    if not p.installed or p.location is None:
-        raise ImportError(
-            f"aiter is not installed; the MoE rule reads its config tables at run time: {aiter.INSTALL_HINT}"
-        )
-    folder = Path(p.location).joinpath(*CONFIG_FOLDER)
-    if not folder.is_dir():
-        raise ImportError(
-            f"the installed aiter {p.version} at {p.location} has no {'/'.join(CONFIG_FOLDER)} folder; "
-            f"the rule was written against {aiter.WRITTEN_AGAINST}: {aiter.INSTALL_HINT}"
-        )
+    folder, version = aiter_config_folder("moe")
     for name in (DEVICES[arch], arch):
         path = folder / f"{name}-MOE-{DTYPE_FILES[dtype]}.json"
         if path.is_file():
-            return path, p.version
-    return None, p.version
+            return path, version
+    return None, version
 
 
 @cache

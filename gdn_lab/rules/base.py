@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
+
+from gdn_lab import aiter
 
 EXPECTATIONS = ("equal", "switch", "rounding")
 
@@ -93,3 +96,24 @@ class CallRule:
 
     def expect(self, alone_key: str, batched_key: str) -> str:
         return self.compare(alone_key, batched_key)
+
+
+def aiter_config_folder(kind: str) -> tuple[Path, str | None]:
+    """The installed aiter's `ops/triton/configs/<kind>` folder (the tuned tables its Triton kernels
+    read: "gemm", "moe") and the aiter version, found on the file system (aiter is not imported).
+
+    Raises:
+        ImportError: aiter is not installed, or has no such folder (the message says how to install it).
+    """
+    p = aiter.probe()
+    if not p.installed or p.location is None:
+        raise ImportError(
+            f"aiter is not installed; the lab's AITER rules read its {kind} config tables: {aiter.INSTALL_HINT}"
+        )
+    folder = Path(p.location, "ops", "triton", "configs", kind)
+    if not folder.is_dir():
+        raise ImportError(
+            f"the installed aiter {p.version} at {p.location} has no ops/triton/configs/{kind} folder; "
+            f"the lab was written against {aiter.WRITTEN_AGAINST}: {aiter.INSTALL_HINT}"
+        )
+    return folder, p.version
