@@ -405,17 +405,16 @@ class Trace:
                 and hit[7] is dtype
                 and hit[1]() is owner
             ):
-                kind, start = hit[8], hit[9]
-                if hit[2] is not layout:  # rows do not depend on the layout, unless it flattens them
-                    device = t.device
-                    kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
-                    start = hit[9] if kind.flatten == hit[8].flatten else -1
+                start = hit[9]
+                kind = hit[8] if hit[2] is layout else None
             else:
-                kind, start = None, -1
+                hit, kind, start = None, None, -1
+            if kind is None:
+                device = t.device
+                kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
+                if hit is not None and kind.flatten != hit[8].flatten:  # rows follow no layout unless it flattens them
+                    start = -1
             if start < 0:
-                if kind is None:  # a hit under another layout brings this layout's kind already
-                    device = t.device
-                    kind = kinds.get((layout, dtype, shape, device)) or self._kind(layout, dtype, shape, device)
                 # the row stage now, into its device's arena (most kinds read the tensor as it is)
                 words = t if kind.as_is else as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx)
                 start = kind.arena.read(words, kind.n, kind.f)
