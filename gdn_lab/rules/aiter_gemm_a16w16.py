@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from gdn_lab import aiter, checks
-from gdn_lab.rules.base import Predicted, RuleEnv, aiter_config_folder
+from gdn_lab.rules.base import Predicted, RuleEnv, aiter_config_folder, check_row, equal_or_switch, switches_by_m
 
 SOURCE = (
     "amd-aiter (installed; written against 0.1.7.post2.dev18), "
@@ -300,14 +300,7 @@ def switch_points(n: int, k: int, arch: str, max_m: int = 8193, numerics_only: b
     """
     checks.check_positive("max_m", max_m)
     file = config_file(arch, n, k)
-    points, last = [], None
-    for m in range(1, max_m + 1):
-        cfg = config_from(file, m, n, k, arch)
-        now = cfg.key if numerics_only else sorted(cfg.config.items())
-        if last is not None and now != last:
-            points.append(m)
-        last = now
-    return points
+    return switches_by_m(lambda m: config_from(file, m, n, k, arch), max_m, numerics_only)
 
 
 @dataclass(frozen=True)
@@ -325,15 +318,14 @@ class GemmA16W16Rule:
         """The config of the call `args` (matmul's validated arguments), seen from row `request`."""
         x, w = args["x"], args["w"]
         m, k, n = x.shape[0], w.shape[0], w.shape[1]
-        if not isinstance(request, int) or isinstance(request, bool) or not 0 <= request < m:
-            raise ValueError(f"request: expected a row index in [0, {m}) (a row of x), got {request!r}")
+        check_row(request, m, "a row index")
         cfg = get_config(m, n, k, env.arch)
         reason = f"M={m}: {cfg.file_name} entry {cfg.entry} (aiter {cfg.file.aiter_version})"
         return Predicted(cfg.variant, cfg.key, reason)
 
     def expect(self, alone_key: str, batched_key: str) -> str:
         """ "equal" for the same key, else "switch"."""
-        return "equal" if alone_key == batched_key else "switch"
+        return equal_or_switch(alone_key, batched_key)
 
 
 RULE = GemmA16W16Rule()

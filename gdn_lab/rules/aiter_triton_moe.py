@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from gdn_lab import checks
-from gdn_lab.rules.base import Predicted, RuleEnv, aiter_config_folder
+from gdn_lab.rules.base import Predicted, RuleEnv, aiter_config_folder, check_row, equal_or_switch, switches_by_m
 
 SOURCE = (
     "amd-aiter (installed; written against 0.1.7.post2.dev18), "
@@ -202,14 +202,7 @@ def get_config(m: int, arch: str, dtype: torch.dtype, constants: MoEConstants = 
 def switch_points(arch: str, dtype: torch.dtype, max_m: int = 4096, numerics_only: bool = True) -> list[int]:
     """The M in 2..max_m whose numerics key (or, with numerics_only False, config) differs from M - 1's."""
     checks.check_positive("max_m", max_m)
-    points, last = [], None
-    for m in range(1, max_m + 1):
-        cfg = get_config(m, arch, dtype)
-        now = cfg.key if numerics_only else sorted(cfg.config.items())
-        if last is not None and now != last:
-            points.append(m)
-        last = now
-    return points
+    return switches_by_m(lambda m: get_config(m, arch, dtype), max_m, numerics_only)
 
 
 @dataclass(frozen=True)
@@ -227,15 +220,14 @@ class AiterTritonMoERule:
         """The config of the call `args` (fused_moe's validated arguments), seen from token `request`."""
         x = args["x"]
         m = x.shape[0]
-        if not isinstance(request, int) or isinstance(request, bool) or not 0 <= request < m:
-            raise ValueError(f"request: expected a token row in [0, {m}) (a row of x), got {request!r}")
+        check_row(request, m, "a token row")
         cfg = get_config(m, env.arch, x.dtype)
         reason = f"M={m}: {cfg.file_name} entry {cfg.entry} (aiter {cfg.aiter_version})"
         return Predicted(cfg.variant, cfg.key, reason)
 
     def expect(self, alone_key: str, batched_key: str) -> str:
         """ "equal" for the same key, else "switch"."""
-        return "equal" if alone_key == batched_key else "switch"
+        return equal_or_switch(alone_key, batched_key)
 
 
 RULE = AiterTritonMoERule()

@@ -117,3 +117,28 @@ def aiter_config_folder(kind: str) -> tuple[Path, str | None]:
             f"the lab was written against {aiter.WRITTEN_AGAINST}: {aiter.INSTALL_HINT}"
         )
     return folder, p.version
+
+
+def switches_by_m(config_at: Callable[[int], Any], max_m: int, numerics_only: bool) -> list[int]:
+    """The M in 2..max_m whose config (`config_at(m)`: with `key` and `config` mappings) differs
+    from M - 1's: its numerics key, or with numerics_only False the whole config (two entries
+    holding the same config are one config)."""
+    points, last = [], None
+    for m in range(1, max_m + 1):
+        cfg = config_at(m)
+        now = cfg.key if numerics_only else sorted(cfg.config.items())
+        if last is not None and now != last:
+            points.append(m)
+        last = now
+    return points
+
+
+def check_row(request: object, m: int, what: str) -> None:
+    """A rule keyed by a launch's rows sees every row alike: the request is any row in [0, m)."""
+    if not isinstance(request, int) or isinstance(request, bool) or not 0 <= request < m:
+        raise ValueError(f"request: expected {what} in [0, {m}) (a row of x), got {request!r}")
+
+
+def equal_or_switch(alone_key: str, batched_key: str) -> str:
+    """ "equal" for the same key, else "switch": a rule whose keys name every numerics change."""
+    return "equal" if alone_key == batched_key else "switch"
