@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple, Protocol
 
 Check = tuple[bool, str]
@@ -105,6 +106,12 @@ class Backend:
         if self.variant_control and self.auto:
             raise ValueError(f"{self.op}/{self.name}: a variant control must have auto=False")
 
+    @cached_property
+    def runner(self) -> Callable[..., Any]:
+        """`run` itself, or the function a `lazy` run stands for once imported: the hot path calls
+        it without the lazy wrapper's second spreading of the keywords."""
+        return self.run.resolve() if isinstance(self.run, Lazy) else self.run
+
     def row_arch(self, device_arch: str) -> str:
         """The arch a result row of this backend stands for: the emulated one, else the device's."""
         emulated = self.emulated_arch() if self.emulated_arch is not None else None
@@ -129,21 +136,33 @@ class Backend:
         return avail, cov
 
 
-def lazy(module: str, attr: str) -> Callable[..., Any]:
+class Lazy:
     """A callable that imports `module` on first use: kernel modules (Triton, AITER) stay unimported
     until a call runs, so importing gdn_lab has no side effects and TRITON_INTERPRET can be set late."""
 
-    resolved: list[Callable[..., Any]] = []  # the function, once imported (the eager hot path)
+    __slots__ = ("module", "attr", "_resolved")
 
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if not resolved:
+    def __init__(self, module: str, attr: str) -> None:
+        self.module, self.attr, self._resolved = module, attr, None
+
+    def resolve(self) -> Callable[..., Any]:
+        """The function, imported on the first call."""
+        if self._resolved is None:
             import importlib
 
-            resolved.append(getattr(importlib.import_module(module), attr))
-        return resolved[0](*args, **kwargs)
+            self._resolved = getattr(importlib.import_module(self.module), self.attr)
+        return self._resolved
 
-    call.__qualname__ = f"lazy({module}.{attr})"
-    return call
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"lazy({self.module}.{self.attr})"
+
+
+def lazy(module: str, attr: str) -> Lazy:
+    """`module.attr`, imported on its first call (`Lazy`)."""
+    return Lazy(module, attr)
 
 
 def controls(op: str) -> list[Backend]:
@@ -330,7 +349,7 @@ def dispatch(op: str, args: Mapping[str, Any], backend: str = "auto") -> tuple[A
     d = route(op, args, backend)
     assert d.backend is not None
     if not _OBSERVERS:
-        return d.backend.run(**args), d
+        return d.backend.runner(**args), d
     watching = list(_OBSERVERS)
     for o in watching:
         o.before(op, d, args)
@@ -339,7 +358,7 @@ def dispatch(op: str, args: Mapping[str, Any], backend: str = "auto") -> tuple[A
             running = getattr(o, "running", None)
             if running is not None:
                 stack.enter_context(running(op))
-        result = d.backend.run(**args)
+        result = d.backend.runner(**args)
     for o in watching:
         o.after(op, d, args, result)
     return result, d

@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 import torch
 
@@ -104,9 +106,17 @@ def test_explain_marks_the_chosen_backend(registry):
     assert all(r["covered"] is None and not r["chosen"] for r in no_call)
 
 
-def test_lazy_imports_on_first_call():
-    f = routing.lazy("math", "sqrt")
-    assert f(9.0) == 3.0
+def test_lazy_imports_on_first_call_and_the_runner_is_the_function(monkeypatch):
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    f = routing.lazy("colorsys", "rgb_to_hsv")
+    b = routing.Backend("toy", "lazy", f, library=routing.LIBRARY_TORCH)
+    assert "colorsys" not in sys.modules
+    assert f(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0)
+    import colorsys
+
+    assert b.runner is colorsys.rgb_to_hsv and repr(f) == "lazy(colorsys.rgb_to_hsv)"
+    plain = routing.Backend("toy", "plain", abs, library=routing.LIBRARY_TORCH)
+    assert plain.runner is abs
 
 
 @pytest.mark.parametrize("op", spec.names())

@@ -96,7 +96,7 @@ def run_backend(op: str, name: str, args: Mapping[str, Any]) -> Ran:
         return Ran(name, False, decision.reason)
     mine = fresh_copy(op, args)
     try:
-        result = decision.backend.run(**mine)
+        result = decision.backend.runner(**mine)
         if isinstance(result, torch.Tensor) and result.device.type == "cuda":
             torch.cuda.synchronize(result.device)
     except Exception as exc:  # a backend that claims a case and then fails is reported, not fatal

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
+
+import torch
 
 from gdn_lab.device import interpreting, triton_mode
 from gdn_lab.routing import Check
@@ -32,7 +35,16 @@ def triton_available() -> Check:
     return mode is not None, reason
 
 
+@cache
+def _on_gpu() -> Check:
+    mode, reason = triton_mode(torch.device("cuda"))
+    return mode is not None, reason
+
+
 def triton_device(args: Mapping[str, Any], tensor: str) -> Check:
     """The call's tensors are where Triton runs: a GPU, or the CPU under the interpreter."""
-    mode, reason = triton_mode(args[tensor].device)
+    t = args[tensor]
+    if t.is_cuda:  # ROCm tensors too; the answer for a GPU is fixed per process (routing asks every call)
+        return _on_gpu()
+    mode, reason = triton_mode(t.device)
     return mode is not None, reason
