@@ -56,13 +56,15 @@ def align_block_size(
         expert_ids: int32, each block's expert (blocks past the last: -1, never launched).
         num_tokens_post_padded: int32 [1], the padded slots in use.
     """
+    from gdn_lab.ops.fused_moe.triton_kernels import expert_counts
+
     flat = topk_ids.reshape(-1).long()
     slots, dev = flat.numel(), flat.device
-    counts = torch.bincount(flat, minlength=num_experts)
+    order = torch.argsort(flat, stable=True)  # slots by expert, ascending within each
+    counts = expert_counts(flat[order], num_experts)
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     bound = slots + num_experts * (block_m - 1)
-    order = torch.argsort(flat, stable=True)  # slots by expert, ascending within each
     ranks = torch.arange(slots, device=dev) - (torch.cumsum(counts, 0) - counts)[flat[order]]
     sorted_ids = torch.full((bound,), slots, dtype=torch.int32, device=dev)
     sorted_ids[(ends - padded)[flat[order]] + ranks] = order.to(torch.int32)

@@ -97,6 +97,14 @@ class Plan:
         return self.block_rows.shape[0]
 
 
+def expert_counts(sorted_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """The slots of each expert [E] (int64) from the ids sorted ascending, with no host sync:
+    `torch.bincount` on CUDA reads the largest id on the host, which a CUDA graph cannot capture."""
+    bounds = torch.arange(num_experts + 1, dtype=sorted_ids.dtype, device=sorted_ids.device)
+    firsts = torch.searchsorted(sorted_ids, bounds)
+    return firsts[1:] - firsts[:-1]
+
+
 def plan(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Plan:
     """The slots of `topk_ids` [M, top_k] by expert, in blocks of `block_m` (torch ops, no host sync).
 
@@ -106,7 +114,7 @@ def plan(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Plan:
     flat = topk_ids.reshape(-1)
     slots = flat.numel()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    counts = expert_counts(flat[order], num_experts)
     per_expert = (counts + block_m - 1) // block_m
     ends = torch.cumsum(per_expert, 0)
     bound = triton.cdiv(slots, block_m) + min(num_experts, slots)

@@ -143,6 +143,43 @@ def test_plan_cuts_each_experts_slots_into_blocks(device):
     assert len(rows) == -(-len(flat) // 4) + 6 and rows[-1] == 0  # the grid's bound; the spare blocks do nothing
 
 
+def test_expert_counts_are_the_slots_per_expert(device):
+    from gdn_lab.ops.fused_moe.triton_kernels import expert_counts
+
+    g = torch.Generator().manual_seed(4)
+    for dtype in (torch.int32, torch.int64):
+        ids = torch.randint(1, 7, (40,), generator=g).to(dtype)  # experts 0 and 7..8 get no slot
+        counts = expert_counts(ids.sort().values.to(device), 9).cpu().tolist()
+        assert counts == [ids.tolist().count(e) for e in range(9)]
+
+
+def test_no_host_sync_so_a_cuda_graph_replays_it(device):
+    """The backends route, plan and launch without reading the device (check_indices=False): a
+    CUDA graph captures a call and its replay gives the eager bits."""
+    if device.type != "cuda":
+        pytest.skip("host synchronisation and CUDA graphs need a CUDA device")
+    a = _args(device, torch.bfloat16, [9, 4, 20])
+    from gdn_lab.routing import decide
+
+    backends = ["triton", "triton-atomic-by-batch"]
+    if decide("fused_moe", a, "aiter-triton-moe").covered:  # the amd-aiter wheel is installed
+        backends.append("aiter-triton-moe")
+    for name in backends:
+        eager = fused_moe(**a, backend=name, check_indices=False)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fused_moe(**a, backend=name, check_indices=False)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fused_moe(**a, backend=name, check_indices=False)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), name
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [

@@ -52,14 +52,24 @@ def test_triton_is_batch_invariant(device, dtype):
 
 
 def test_torch_native_control_varies(device):
-    # Measured: the H200's cuBLAS changes kernels for bf16 K=N=4096 from M=64 up; the CPU's float32
-    # path for M < 8 differs from larger M (bf16 on the CPU did not vary: see matmul_native).
+    # Measured: the H200's cuBLAS changes kernels for bf16 K=N=4096 from M=64 up, while an H100 kept
+    # row 0 of M=1 and M=2048 equal there: so rows 0..M-1 of M = 1, 8 and 64 against the full call,
+    # over K x N that include long K (split-K at small M). The CPU's float32 path for M < 8 differs
+    # from larger M (bf16 on the CPU did not vary: see matmul_native).
     if device.type == "cuda":
-        x, w = _inputs(2048, 4096, 4096, torch.bfloat16, device)
+        cases = [(2048, k, n, torch.bfloat16) for k, n in ((4096, 4096), (12288, 4096), (16384, 1024), (4096, 12288))]
     else:
-        x, w = _inputs(64, 256, 96, torch.float32, device)
+        cases = [(64, 256, 96, torch.float32)]
     run = get(OP, "torch-native").run
-    assert not torch.equal(run(x[:1], w), run(x, w)[:1])
+    tried = []
+    for m, k, n, dtype in cases:
+        x, w = _inputs(m, k, n, dtype, device)
+        full = run(x, w)
+        for rows in (1, 8, 64):
+            if not torch.equal(run(x[:rows], w), full[:rows]):
+                return
+            tried.append(f"{rows}x{k}x{n}")
+    pytest.fail(f"torch.matmul kept the bits of every row at {', '.join(tried)} against M={cases[0][0]}")
 
 
 def test_splitk_control_varies(device):
