@@ -61,13 +61,14 @@ def align_block_size(
     flat = topk_ids.reshape(-1).long()
     slots, dev = flat.numel(), flat.device
     order = torch.argsort(flat, stable=True)  # slots by expert, ascending within each
-    counts = expert_counts(flat[order], num_experts)
+    experts = flat[order]
+    counts = expert_counts(experts, num_experts)
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     bound = slots + num_experts * (block_m - 1)
-    ranks = torch.arange(slots, device=dev) - (torch.cumsum(counts, 0) - counts)[flat[order]]
+    ranks = torch.arange(slots, device=dev) - (torch.cumsum(counts, 0) - counts)[experts]
     sorted_ids = torch.full((bound,), slots, dtype=torch.int32, device=dev)
-    sorted_ids[(ends - padded)[flat[order]] + ranks] = order.to(torch.int32)
+    sorted_ids[(ends - padded)[experts] + ranks] = order.to(torch.int32)
     blocks = torch.arange(-(-bound // block_m), device=dev) * block_m
     expert = torch.searchsorted(ends, blocks, right=True)
     expert_ids = torch.where(expert < num_experts, expert, -1).to(torch.int32)
