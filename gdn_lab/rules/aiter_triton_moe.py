@@ -27,6 +27,13 @@ key changes where its launch crosses 256 tokens and again at 1024; on MI350X 100
 share a key, on MI300X they do not (its small_M packs 2 K elements per MFMA operand, kpack 2, the
 others 1). fp32 has no table: one config at every M.
 
+Where the key's change was seen: Triton's interpreter, where each K slice is a dot of its own
+(tests/ops/fused_moe/test_aiter_triton.py). Compiled for an H100 (sm_90, Triton 3.6, bf16, MI350X
+tables), a token kept every bit across both switches, M = 1 against 8 to 4096
+(data/bench/h100/bench_fused_moe.csv): there the slices chain into one accumulation in k order
+whatever their width. So a predicted switch is "may change bits", and on AMD hardware it has not
+been run.
+
 Example:
     >>> c = get_config(100, "gfx950", torch.bfloat16)
     >>> c.file_name, c.entry, c.key
