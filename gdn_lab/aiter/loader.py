@@ -55,6 +55,7 @@ KERNEL_MODULES = {
     "gemm_a16w16": ("aiter.ops.triton.gemm_a16w16", "aiter.ops.triton.gemm.basic.gemm_a16w16"),
     "moe_op": ("aiter.ops.triton.moe_op", "aiter.ops.triton.moe.moe_op"),
     "moe_config_utils": ("aiter.ops.triton.utils.moe_config_utils",),
+    "shuffle": ("aiter.ops.shuffle",),  # shuffle_weight: torch ops, the CK MoE's weight layout
     # newer than amd-aiter 0.1.7 (aiter built from source)
     "gdn_decode_triton": ("aiter.ops.triton._triton_kernels.gated_delta_rule.decode.fused_sigmoid_gating_recurrent",),
     # AITER's ROCm-only kernels (HIP, CK, FlyDSL, Gluon): imported on ROCm only, by the official route
@@ -64,11 +65,12 @@ KERNEL_MODULES = {
     "hip_gdn_decode": ("aiter.ops.hip.gated_delta_net.hip_gdn_decode",),
     "gdn_prefill_vk": ("aiter.ops.triton.gated_delta_net.gated_delta_rule",),
     "fused_gdn_prefill": ("aiter.ops.triton.gated_delta_net.fused_gdn_prefill_qkvz",),
+    "ck_moe": ("aiter.fused_moe",),
 }
 # The kernels that run on AMD GPUs only: off ROCm `load` refuses them without importing anything.
 ROCM_ONLY = frozenset(
     {"paged_attention_ragged", "mha_batch_prefill", "flydsl_gdr_decode", "hip_gdn_decode", "gdn_prefill_vk",
-     "fused_gdn_prefill"}
+     "fused_gdn_prefill", "ck_moe"}
 )  # fmt: skip
 
 _BYPASS_MARK = "__gdn_lab_init_bypass__"

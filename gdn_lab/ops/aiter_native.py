@@ -9,6 +9,7 @@
 | `sglang-aiter` | gdn_decode | SGLang's AiterGDNKernel routing among the three GDN decodes | `rules.sglang_gdn` (decode) |
 | `aiter-vk` | gdn_prefill | `chunk_gated_delta_rule_opt_vk` (aiter.ops.triton.gated_delta_net.gated_delta_rule) | `rules.aiter_gdn_prefill_vk` |
 | `aiter-fused` | gdn_layer_prefill | `fused_gdn_prefill_qkvz` (aiter.ops.triton.gated_delta_net.fused_gdn_prefill_qkvz) | `rules.aiter_fused_gdn_prefill` |
+| `aiter` | fused_moe | `fused_moe` (aiter.fused_moe: CK 2-stage or ASM 1-stage) | none (stage 2 may add atomically) |
 
 Every module is loaded through `gdn_lab.aiter.load` (kernel names in `aiter.ROCM_ONLY`): only on
 ROCm, by AITER's official import, when a call runs or a probe asks; registering the backends
@@ -58,6 +59,8 @@ SIGNATURES: dict[tuple[str, str], tuple[str, ...]] = {
         "projected_qkvz", "projected_ba", "conv_state", "delta_state", "cache_indices", "cu_seqlens",
         "has_initial_state", "conv_weight", "conv_bias", "a_log", "dt_bias", "norm_weight",
     ),
+    ("ck_moe", "fused_moe"): ("hidden_states", "w1", "w2", "topk_weight", "topk_ids", "expert_mask", "activation",
+                              "quant_type"),
     ("fused_gdn_prefill", "fused_gdn_prefill_qkvz_supported"): (
         "projected_qkvz", "projected_ba", "conv_state", "delta_state", "cache_indices", "cu_seqlens",
         "has_initial_state", "conv_weight", "conv_bias", "quant_dtype",

@@ -7,9 +7,10 @@ token's experts and weights. A token's output must not depend on which other tok
 experts. MoE kernels group the tokens of a batch by expert and pick their tiles, splits or
 reduction mode from the token count, so the same token can be summed another way in another batch.
 
-The op's folder: this spec (with the torch reference backend), the reference (`reference.py`) and
+The op's folder: this spec (with the torch reference backend), the reference (`reference.py`),
 our Triton kernels (`triton.py`: `triton`, fixed tiles and a fixed top-k order, and the control
-`triton-atomic-by-batch`).
+`triton-atomic-by-batch`), AITER's Triton MoE GEMM on any GPU (`aiter_triton.py`) and AITER's own
+MoE on ROCm (`aiter.py`).
 """
 
 from __future__ import annotations
@@ -174,4 +175,4 @@ register(
     )
 )
 
-from gdn_lab.ops.fused_moe import aiter_triton, triton  # noqa: E402, F401  (their backends)
+from gdn_lab.ops.fused_moe import aiter, aiter_triton, triton  # noqa: E402, F401  (their backends)
