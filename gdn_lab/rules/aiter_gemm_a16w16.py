@@ -56,7 +56,15 @@ from pathlib import Path
 from typing import Any
 
 from gdn_lab import aiter, checks
-from gdn_lab.rules.base import Predicted, RuleEnv, aiter_config_folder, check_row, equal_or_switch, switches_by_m
+from gdn_lab.rules.base import (
+    Predicted,
+    RuleEnv,
+    aiter_config_folder,
+    check_row,
+    equal_or_switch,
+    instruction_key,
+    switches_by_m,
+)
 
 SOURCE = (
     "amd-aiter (installed; written against 0.1.7.post2.dev18), "
@@ -279,14 +287,8 @@ def numerics_key(config: GemmConfig) -> str:
         >>> get_config(2048, 2880, 512, "gfx950").key
         'bk128/ksplit1/mfma16/kpack1'
     """
-    c = config.config
     split = f"ksplit{config.num_ksplit}" + (f":{config.splitk_block_size}" if config.num_ksplit > 1 else "")
-    nonkdim = int(c.get("matrix_instr_nonkdim", 0) or 0)
-    key = f"bk{config.block_size_k}/{split}/mfma{nonkdim}/kpack{c.get('kpack', CONSTANTS.default_kpack)}"
-    bm, bn = int(c["BLOCK_SIZE_M"]), int(c["BLOCK_SIZE_N"])
-    if nonkdim == 0 or min(bm, bn) < nonkdim:
-        key += f"/tile{bm}x{bn}"  # the compiler picks the instruction from the tile
-    return key
+    return f"bk{config.block_size_k}/{split}/{instruction_key(config.config, CONSTANTS.default_kpack)}"
 
 
 def switch_points(n: int, k: int, arch: str, max_m: int = 8193, numerics_only: bool = False) -> list[int]:

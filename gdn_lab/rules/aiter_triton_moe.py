@@ -54,7 +54,15 @@ from typing import Any
 import torch
 
 from gdn_lab import checks
-from gdn_lab.rules.base import Predicted, RuleEnv, aiter_config_folder, check_row, equal_or_switch, switches_by_m
+from gdn_lab.rules.base import (
+    Predicted,
+    RuleEnv,
+    aiter_config_folder,
+    check_row,
+    equal_or_switch,
+    instruction_key,
+    switches_by_m,
+)
 
 SOURCE = (
     "amd-aiter (installed; written against 0.1.7.post2.dev18), "
@@ -144,12 +152,7 @@ def numerics_key(config: Mapping[str, Any]) -> str:
         >>> numerics_key({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "matrix_instr_nonkdim": 16})
         'bk128/mfma16/kpack1'
     """
-    nonkdim = int(config.get("matrix_instr_nonkdim", 0) or 0)
-    key = f"bk{int(config['BLOCK_SIZE_K'])}/mfma{nonkdim}/kpack{config.get('kpack', CONSTANTS.default_kpack)}"
-    bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
-    if nonkdim == 0 or min(bm, bn) < nonkdim:
-        key += f"/tile{bm}x{bn}"  # the compiler picks the instruction from the tile
-    return key
+    return f"bk{int(config['BLOCK_SIZE_K'])}/{instruction_key(config, CONSTANTS.default_kpack)}"
 
 
 def table_file(arch: str, dtype: torch.dtype) -> tuple[Path | None, str | None]:

@@ -142,3 +142,15 @@ def check_row(request: object, m: int, what: str) -> None:
 def equal_or_switch(alone_key: str, batched_key: str) -> str:
     """ "equal" for the same key, else "switch": a rule whose keys name every numerics change."""
     return "equal" if alone_key == batched_key else "switch"
+
+
+def instruction_key(config: Mapping[str, Any], default_kpack: int) -> str:
+    """The matrix-instruction part of an AITER Triton config's numerics key: `mfma{nonkdim}/kpack{k}`,
+    plus `/tile{BM}x{BN}` where the config leaves the instruction to the compiler (no nonkdim, or a
+    tile narrower than it), which then picks it from the tile."""
+    nonkdim = int(config.get("matrix_instr_nonkdim", 0) or 0)
+    key = f"mfma{nonkdim}/kpack{config.get('kpack', default_kpack)}"
+    bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
+    if nonkdim == 0 or min(bm, bn) < nonkdim:
+        key += f"/tile{bm}x{bn}"
+    return key
