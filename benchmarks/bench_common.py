@@ -99,6 +99,14 @@ def time_graph(fn: Callable[[], object], device: torch.device, rep_ms: float = 3
     return us, out
 
 
+def fingerprinted(
+    columns: Sequence[str], fp: Mapping[str, object], fields: Mapping[str, object], empty: object = ""
+) -> dict:
+    """One CSV row: every column (`empty` where `fields` gives none), then the environment
+    fingerprint `fp` as env_* columns."""
+    return {**dict.fromkeys(columns, empty), **fields, **{f"env_{k}": v for k, v in fp.items()}}
+
+
 def write_csv(rows: Sequence[dict], columns: Sequence[str], out: str | Path, name: str) -> Path:
     """Write rows to out/name atomically (a temporary file, then os.replace); missing keys are empty."""
     out = Path(out)

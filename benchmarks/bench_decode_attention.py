@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ROOFLINE_TBPS, add_device_option, bench_device, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import ROOFLINE_TBPS, add_device_option, bench_device, fingerprinted, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 SDPA_TARGET = 0.95  # >= 95 % of SDPA's throughput at B >= 8, ctx >= 4k (bf16 and fp8 caches)
 CONTROL_TARGET = 1 / 1.1  # never more than 10 % slower than the control
@@ -205,11 +205,8 @@ class Bench:
         self.rows: list[dict] = []
 
     def row(self, **fields) -> dict:
-        r = dict.fromkeys(COLUMNS, "")
-        r.update(fields)
-        r.update({f"env_{k}": v for k, v in self.fp.items()})
-        self.rows.append(r)
-        return r
+        self.rows.append(fingerprinted(COLUMNS, self.fp, fields))
+        return self.rows[-1]
 
     def kernels(self):
         from gdn_lab.ops.decode_attention import triton_kernels as triton_decode

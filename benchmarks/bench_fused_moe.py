@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import add_device_option, bench_device, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import add_device_option, bench_device, fingerprinted, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 CSV_NAME = "bench_fused_moe.csv"
 COLUMNS = [
@@ -96,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = torch.Generator().manual_seed(args.seed)
 
     def row(**fields) -> None:
-        r = dict.fromkeys(COLUMNS, "")
-        r.update(fields, dtype=str(dtype).removeprefix("torch."))
-        r.update({f"env_{k}": v for k, v in fp.items()})
-        rows.append(r)
+        rows.append(fingerprinted(COLUMNS, fp, {**fields, "dtype": str(dtype).removeprefix("torch.")}))
 
     def expected(impl: str, m: int, e: int) -> str:
         """What the implementation's own rule says of a token alone vs in a batch of m."""

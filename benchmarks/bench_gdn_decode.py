@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ROOFLINE_TBPS, add_device_option, bench_device, sync, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import ROOFLINE_TBPS, add_device_option, bench_device, fingerprinted, sync, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 L2_BYTES = 50 * 2**20
 CSV_NAME = "bench_gdn_decode.csv"
@@ -204,11 +204,8 @@ class Bench:
         return fn
 
     def row(self, **fields) -> dict:
-        r = dict.fromkeys(COLUMNS)
-        r.update(fields)
-        r.update({f"env_{k}": v for k, v in self.fp.items()})
-        self.rows.append(r)
-        return r
+        self.rows.append(fingerprinted(COLUMNS, self.fp, fields, empty=None))
+        return self.rows[-1]
 
     def guarded(self, label: str, fn: Callable[[], object], **fields) -> object | None:
         """fn(), or None after recording an `error` row: one failing case must not lose the run."""

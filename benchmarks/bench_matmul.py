@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import add_device_option, bench_device, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import add_device_option, bench_device, fingerprinted, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 CSV_NAME = "bench_matmul.csv"
 COLUMNS = [
@@ -75,10 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
 
     def row(**fields) -> None:
-        r = dict.fromkeys(COLUMNS, "")
-        r.update(fields, dtype=str(dtype).removeprefix("torch."))
-        r.update({f"env_{k}": v for k, v in fp.items()})
-        rows.append(r)
+        rows.append(fingerprinted(COLUMNS, fp, {**fields, "dtype": str(dtype).removeprefix("torch.")}))
 
     impls = {"triton": matmul_triton, "torch": torch.matmul}
     t0 = time.perf_counter()

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import sync, time_eager_interleaved, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import fingerprinted, sync, time_eager_interleaved, write_csv  # noqa: E402  (the scripts' shared helpers)
 
 CSV_NAME = "bench_trace.csv"
 COLUMNS = [
@@ -277,11 +277,8 @@ def _run(args: argparse.Namespace, device: torch.device) -> int:
     rows: list[dict] = []
 
     def row(**fields) -> dict:
-        r = dict.fromkeys(COLUMNS, "")
-        r.update(fields)
-        r.update({f"env_{k}": v for k, v in fp.items()})
-        rows.append(r)
-        return r
+        rows.append(fingerprinted(COLUMNS, fp, fields))
+        return rows[-1]
 
     builders = {"lab": lab_model, "hf": hf_model}
     debug_missing = debug_mode_missing()
