@@ -52,15 +52,19 @@ _SHUFFLED_MAX = 256  # two weight tensors per MoE layer
 _SHUFFLED: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
 
 
-def shuffled(w: torch.Tensor, shuffle: Callable[..., torch.Tensor]) -> torch.Tensor:
-    """`shuffle(w, SHUFFLE_LAYOUT)`, made once per unchanged weight tensor (a new tensor, an in-place
-    write, which moves the version counter, or moved storage shuffles again)."""
+def _shuffle(w: torch.Tensor) -> torch.Tensor:
+    return aiter_native.function("shuffle", "shuffle_weight")(w.contiguous(), SHUFFLE_LAYOUT)
+
+
+def shuffled(w: torch.Tensor) -> torch.Tensor:
+    """AITER's `shuffle_weight(w, SHUFFLE_LAYOUT)`, made once per unchanged weight tensor (a new
+    tensor, an in-place write, which moves the version counter, or moved storage shuffles again)."""
     if w.is_inference():  # no version counter to tell a changed tensor: shuffled at every call
-        return shuffle(w.contiguous(), SHUFFLE_LAYOUT)
+        return _shuffle(w)
     entry = _SHUFFLED.get(id(w))
     if entry is not None and entry[0]() is w and entry[1] == w._version and entry[2] == w.data_ptr():
         return entry[3]
-    out = shuffle(w.contiguous(), SHUFFLE_LAYOUT)
+    out = _shuffle(w)
     if len(_SHUFFLED) >= _SHUFFLED_MAX:
         _SHUFFLED.clear()
     key = id(w)
@@ -93,9 +97,8 @@ def fused_moe_aiter(
     """
     if kernel is None:
         kernel = aiter_native.function(KERNEL, FUNCTION)
-    shuffle = aiter_native.function("shuffle", "shuffle_weight")
     # AITER's defaults are the unquantized SiLU-gated MoE: activation=Silu, quant_type=No
-    return kernel(x, shuffled(w1, shuffle), shuffled(w2, shuffle), topk_weights, topk_ids)
+    return kernel(x, shuffled(w1), shuffled(w2), topk_weights, topk_ids)
 
 
 def covered(args: Mapping[str, Any]) -> Check:
