@@ -42,6 +42,7 @@ from gdn_lab.experiments.config import (
     shape_of,
 )
 from gdn_lab.experiments.loop import Case, Comparison, Metrics, alone_vs_batched, frame, run_backend, select_backends
+from gdn_lab.experiments.processes import run_in_processes
 from gdn_lab.experiments.table import COLUMNS, RUN_COLUMNS
 from gdn_lab.ops import spec as op_spec
 from gdn_lab.ops.batch import AttentionShape, BuildOptions, GDNShape
@@ -243,6 +244,10 @@ class InvarianceByOpConfig(ExperimentConfig):
         targets, batch_sizes, trials, kv_dtype, max_context, attention, gdn, quantize_fp8: as
             `InvarianceConfig`, shared by every op (kv_dtype applies to ops with a KV cache).
         op_overrides: {op: {InvarianceConfig field: value}} replacing the shared values for one op.
+        workers: processes that run the ops side by side (1: one after another in this process).
+            The table is the same either way: each op's cases are seeded by the op's config
+            alone. On a cold Triton cache the ops' compilations then overlap
+            (`gdn_lab.experiments.processes`).
     """
 
     ops: tuple[str, ...] = field(default=DEFAULT_OPS, metadata=check(known_ops, "the ops to test"))
@@ -256,6 +261,7 @@ class InvarianceByOpConfig(ExperimentConfig):
     gdn: dict[str, int] | None = None
     quantize_fp8: bool = False
     op_overrides: dict[str, dict[str, Any] | None] | None = None
+    workers: int = field(default=1, metadata=check(positive, "processes running the ops side by side"))
 
     def validate(self) -> None:
         super().validate()
@@ -270,7 +276,7 @@ class InvarianceByOpConfig(ExperimentConfig):
         overrides = self.op_overrides or {}
         out = {}
         for f in fields(self):
-            if f.name in ("ops", "op_overrides", "seed", "device"):
+            if f.name in _NOT_SHARED or f.name in ("seed", "device"):
                 continue
             takers = [op for op in self.ops if _takes(op, f.name)]
             own = [op for op in takers if f.name in (overrides.get(op) or {})]
@@ -282,10 +288,11 @@ class InvarianceByOpConfig(ExperimentConfig):
 
     def configs(self) -> list[InvarianceConfig]:
         """One InvarianceConfig per op (see `configs`)."""
-        common = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("ops", "op_overrides")}
+        common = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_SHARED}
         return configs(self.ops, self.op_overrides, **common)
 
 
+_NOT_SHARED = ("ops", "op_overrides", "workers")  # fields of the whole run, not of each op's config
 _TAKES_WHAT = {
     "kv_dtype": "has a KV cache",
     "attention": "takes an attention shape",
@@ -320,20 +327,45 @@ def run_ops(
 def run(
     cfg: InvarianceConfig | InvarianceByOpConfig, progress: bool = True, metrics: Metrics | None = None
 ) -> pd.DataFrame:
-    """Run a configured experiment (see `batch_invariance`); an InvarianceByOpConfig runs each op in turn.
+    """Run a configured experiment (see `batch_invariance`); an InvarianceByOpConfig runs each op in
+    turn, or in `cfg.workers` processes side by side (the same table).
 
     Args:
         cfg: the experiment.
-        progress: a tqdm bar on stderr.
+        progress: a tqdm bar on stderr (per op in turn; over the ops when they run side by side).
         metrics: the columns each comparison gets (default: the distance to the op's reference);
-            a caller that needs other columns (a regression gate's hashes) passes its own.
+            a caller that needs other columns (a regression gate's hashes) passes its own (pickled
+            into the worker processes, and so not changed by the run in the caller).
     """
     if isinstance(cfg, InvarianceByOpConfig):
-        return pd.concat([run(c, progress=progress, metrics=metrics) for c in cfg.configs()], ignore_index=True)
+        configs = cfg.configs()
+        if cfg.workers == 1 or len(configs) == 1:
+            parts = [run(c, progress=progress, metrics=metrics) for c in configs]
+        else:
+            jobs = [(c, metrics, _backend_names(c)) for c in configs]
+            labels = [c.op for c in configs]
+            parts = run_in_processes(_run_in_worker, jobs, cfg.workers, labels=labels, progress=progress, desc="ops")
+        return pd.concat(parts, ignore_index=True)
     chosen = select_backends(cfg.op, cfg.backends, cfg.include_controls, cfg.strict_backends)
     metrics = _ReferenceCloseness() if metrics is None else metrics
     rows = alone_vs_batched(cfg.cases(), chosen, metrics, progress=progress, desc=cfg.op)
     return _with_sensitivity(frame(rows, COLUMNS + RUN_COLUMNS + EXTRA_COLUMNS))
+
+
+def _backend_names(cfg: InvarianceConfig) -> list[str]:
+    return [b.name for b in select_backends(cfg.op, cfg.backends, cfg.include_controls, cfg.strict_backends)]
+
+
+def _run_in_worker(cfg: InvarianceConfig, metrics: Metrics | None, backends: list[str]) -> pd.DataFrame:
+    """One op's run in a worker process, which must see the backends the caller saw: one the
+    caller registered itself (a test's, a user's) is unknown here."""
+    missing = [name for name in backends if name not in _backend_names(cfg)]
+    if missing:
+        raise ValueError(
+            f"workers: {cfg.op} backend(s) {', '.join(missing)} are registered in the calling process only "
+            "(a worker process has gdn_lab's own registry); run with workers=1"
+        )
+    return run(cfg, progress=False, metrics=metrics)
 
 
 def _with_sensitivity(df: pd.DataFrame) -> pd.DataFrame:

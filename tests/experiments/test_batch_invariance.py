@@ -3,6 +3,7 @@ the table is seeded and carries the contract columns, uncovered and failing back
 
 import doctest
 
+import pandas as pd
 import pytest
 
 from gdn_lab import routing
@@ -14,6 +15,7 @@ ATT = {"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 16}
 GDN = {"num_k_heads": 1, "num_v_heads": 2, "head_dim": 16}
 SMALL = dict(device="cpu", dtype="float32", max_context=40, progress=False, include_controls=False)
 CFG = {k: v for k, v in SMALL.items() if k != "progress"}  # config fields only
+BY_OP = {k: v for k, v in CFG.items() if k != "include_controls"}  # InvarianceByOpConfig's (its controls always run)
 
 
 @pytest.fixture
@@ -237,3 +239,27 @@ def test_kv_dtype_on_an_op_without_a_kv_cache_is_rejected():
 def test_docstring_example():
     result = doctest.testmod(bi)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_workers_give_the_same_table():
+    """Ops run side by side in worker processes (notebook 01's `workers`) give the table of one
+    process, every control's rows included."""
+    kwargs = dict(
+        ops=["decode_attention", "gdn_decode"], backends=["torch"], targets=[3, 20], batch_sizes=[2, 5],
+        attention=ATT, gdn=GDN, **BY_OP,
+    )  # fmt: skip
+    serial = bi.run(bi.InvarianceByOpConfig(**kwargs), progress=False)
+    side_by_side = bi.run(bi.InvarianceByOpConfig(**kwargs, workers=2), progress=False)
+    assert serial.is_control.any() and set(serial.op) == {"decode_attention", "gdn_decode"}
+    pd.testing.assert_frame_equal(serial, side_by_side)
+    with pytest.raises(ValueError, match="workers: expected a positive number, got 0"):
+        bi.InvarianceByOpConfig(**kwargs, workers=0)
+
+
+def test_workers_refuse_a_backend_registered_in_this_process_only(test_backends):
+    cfg = bi.InvarianceByOpConfig(
+        ops=["decode_attention", "gdn_decode"], backends=["test-variant", "torch"], targets=[3], batch_sizes=[2],
+        attention=ATT, gdn=GDN, workers=2, **BY_OP,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="workers: decode_attention backend.* test-variant.* run with workers=1"):
+        bi.run(cfg, progress=False)
