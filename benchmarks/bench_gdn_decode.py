@@ -470,18 +470,51 @@ class Bench:
         `gdn_decode(..., backend="triton")` and `backend="auto"` with full validation
         (check_indices=True). Each figure: median over rounds of a run of calls timed on the host
         without synchronising (the GPU queue absorbs them: at these B a kernel takes less GPU time
-        than its launch takes host time), the queue drained between rounds. `host_us_above_bare`
-        = public(triton) - bare, against the issue's 10 us.
+        than its launch takes host time), the queue drained between runs. Every round times every
+        (B, path) in turn, so a slower phase of the host (the first seconds of a process, another
+        process's burst) weighs on every B alike instead of on whichever B ran then.
+        `host_us_above_bare` = public(triton) - bare, against the issue's 10 us.
         """
-        for B in batches:
-            self._host_case(hk, hv, B)
-
-    def _host_case(self, hk: int, hv: int, B: int) -> None:
         import statistics
 
-        d = self.args.head_dim
         rounds, calls = (2, 3) if self.args.smoke else (15, 200)
-        case = make_case(B, hk, hv, d, self.device, self.args.seed)
+        runs = {B: self._host_runs(hk, hv, B) for B in batches}
+        for fns in runs.values():
+            for fn in fns.values():
+                for _ in range(3):
+                    fn()
+        times = {(B, name): [] for B, fns in runs.items() for name in fns}
+        for _ in range(rounds):
+            for (B, name), ts in times.items():
+                fn = runs[B][name]
+                sync(self.device)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                ts.append((time.perf_counter() - t0) * 1e6 / calls)
+        sync(self.device)
+        d = self.args.head_dim
+        for B, fns in runs.items():
+            med = {name: statistics.median(times[B, name]) for name in fns}
+            base = {"kind": "host", "mode": "eager", "HK": hk, "HV": hv, "K": d, "V": d, "B": B, "dtype": "bfloat16"}
+            for name, us in med.items():
+                self.row(impl=name, us=us, note="host us per call (median of rounds)", **base)
+            above = med["public triton"] - med["bare kernel[grid]"]
+            self.row(
+                impl="public triton - bare", us=above, target="<=10 us host above bare launch",
+                target_met=above <= 10.0, note=f"check_indices=True; wrapper cached {med['wrapper (cached launch)']:.1f} us"
+                f" vs kernel[grid] {med['wrapper (kernel[grid])']:.1f} us", **base,
+            )  # fmt: skip
+            print(
+                f"host B={B:5d} "
+                + "  ".join(f"{n}={us:.1f}" for n, us in med.items())
+                + f"  above_bare={above:.1f} us",
+                flush=True,
+            )
+
+    def _host_runs(self, hk: int, hv: int, B: int) -> dict[str, Callable[[], object]]:
+        """The host-timed calls of one B, by name (see `host_rows`)."""
+        case = make_case(B, hk, hv, self.args.head_dim, self.device, self.args.seed)
         args = self.validated(case)
         raw = {k: args[k] for k in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "slots")}
         kargs, grid, warps = self._kernel_args(args)
@@ -515,32 +548,7 @@ class Bench:
                              compiled.packed_metadata, None, None, None, *kargs)  # fmt: skip
 
             runs["compiled launcher"] = floor
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for fn in runs.values():
-            for _ in range(3):
-                fn()
-        for _ in range(rounds):
-            for name, fn in runs.items():
-                sync(self.device)
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                times[name].append((time.perf_counter() - t0) * 1e6 / calls)
-        sync(self.device)
-        med = {name: statistics.median(ts) for name, ts in times.items()}
-        base = {"kind": "host", "mode": "eager", "HK": hk, "HV": hv, "K": d, "V": d, "B": B, "dtype": "bfloat16"}
-        for name, us in med.items():
-            self.row(impl=name, us=us, note="host us per call (median of rounds)", **base)
-        above = med["public triton"] - med["bare kernel[grid]"]
-        self.row(
-            impl="public triton - bare", us=above, target="<=10 us host above bare launch",
-            target_met=above <= 10.0, note=f"check_indices=True; wrapper cached {med['wrapper (cached launch)']:.1f} us"
-            f" vs kernel[grid] {med['wrapper (kernel[grid])']:.1f} us", **base,
-        )  # fmt: skip
-        print(
-            f"host B={B:5d} " + "  ".join(f"{n}={us:.1f}" for n, us in med.items()) + f"  above_bare={above:.1f} us",
-            flush=True,
-        )
+        return runs
 
     def _kernel_args(self, args: dict) -> tuple[tuple, tuple, int]:
         """The kernel's positional arguments for validated `args` (as the wrapper builds them)."""
