@@ -334,8 +334,9 @@ def run(
         cfg: the experiment.
         progress: a tqdm bar on stderr (per op in turn; over the ops when they run side by side).
         metrics: the columns each comparison gets (default: the distance to the op's reference);
-            a caller that needs other columns (a regression gate's hashes) passes its own (pickled
-            into the worker processes, and so not changed by the run in the caller).
+            a caller that needs other columns (a regression gate's hashes) passes its own; with
+            workers > 1 each worker process gets a pickled copy, so the caller's object is not
+            updated by the run.
     """
     if isinstance(cfg, InvarianceByOpConfig):
         configs = cfg.configs()

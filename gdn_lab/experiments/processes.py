@@ -1,8 +1,9 @@
 """run_in_processes: independent jobs side by side in fresh processes, their results in job order.
 
 Why processes: a cold GPU run of notebook 01 spends most of its time compiling Triton kernels, one
-op after another, in one Python process (compilation holds the interpreter). The ops share no
-state, so each can run in its own process, and their compilations overlap.
+op after another in one Python process. The ops share no state, so each can run in its own
+process, and their compilations overlap (on an H100, 01 from a cold cache took 243 s in one process
+and 140 s in three: data/bench/h100/README.md).
 
 Processes are spawned, never forked: a forked child of a process that has used CUDA cannot use it.
 A child imports what the job needs afresh and inherits the environment (TRITON_INTERPRET, the
