@@ -57,6 +57,7 @@ from typing import Any
 
 from gdn_lab import aiter, checks
 from gdn_lab.rules.base import (
+    AITER_DEVICES,
     Predicted,
     RuleEnv,
     aiter_config_folder,
@@ -70,8 +71,7 @@ SOURCE = (
     "amd-aiter (installed; written against 0.1.7.post2.dev18), "
     "aiter/ops/triton/_triton_kernels/gemm_a16w16.py::_get_config + configs/gemm/{device}-GEMM-A16W16[-N=..-K=..].json"
 )
-# arch_info._ARCH_TO_DEVICE: the config files' device names
-DEVICES = {"gfx942": "MI300X", "gfx950": "MI350X"}
+DEVICES = AITER_DEVICES
 NUMERICS_FIELDS = ("BLOCK_SIZE_K", "NUM_KSPLIT", "SPLITK_BLOCK_SIZE", "matrix_instr_nonkdim", "kpack")
 TILING_FIELDS = (
     "BLOCK_SIZE_M",

@@ -55,6 +55,7 @@ import torch
 
 from gdn_lab import checks
 from gdn_lab.rules.base import (
+    AITER_DEVICES,
     Predicted,
     RuleEnv,
     aiter_config_folder,
@@ -68,7 +69,7 @@ SOURCE = (
     "amd-aiter (installed; written against 0.1.7.post2.dev18), "
     "aiter/ops/triton/utils/moe_config_utils.py::get_optimal_moe_config + configs/moe/{device}-MOE-{dtype}.json"
 )
-DEVICES = {"gfx942": "MI300X", "gfx950": "MI350X"}  # arch_info._ARCH_TO_DEVICE: the 0.1.7 tables' names
+DEVICES = AITER_DEVICES
 DTYPE_FILES = {torch.float16: "DEFAULT", torch.bfloat16: "DEFAULT", torch.float32: "float32"}
 
 

@@ -98,6 +98,10 @@ class CallRule:
         return self.compare(alone_key, batched_key)
 
 
+# AITER's arch -> device name (arch_info._ARCH_TO_DEVICE): what its 0.1.7 config tables are named by
+AITER_DEVICES = {"gfx942": "MI300X", "gfx950": "MI350X"}
+
+
 def aiter_config_folder(kind: str) -> tuple[Path, str | None]:
     """The installed aiter's `ops/triton/configs/<kind>` folder (the tuned tables its Triton kernels
     read: "gemm", "moe") and the aiter version, found on the file system (aiter is not imported).
