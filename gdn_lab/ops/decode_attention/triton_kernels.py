@@ -9,7 +9,8 @@ The numbers a request gets are fixed by the request alone (and the per-(head dim
    state is the left fold of its blocks' states, in order (`paged_kv_triton.fold_softmax_state`).
 3. The request's output merges its nodes in a fixed order (`_decode_reduce_kernel`: chunks of BP
    nodes in sequence, a fixed-shape tree inside a chunk; positions past the last node add exact
-   zeros; BP depends on D only) and divides by the merged exp-sum.
+   zeros; BP depends on D only; a request of at most two nodes takes a 2-row tile with the same
+   bits) and divides by the merged exp-sum.
 
 Who computes what is free, because it never changes an operation: a `DecodePlan` cuts the work
 into programs. `unit` is what a program stores to the float32 workspace (a block's state, or a
@@ -316,6 +317,38 @@ def _decode_partition_kernel(
             acc_o = tl.zeros([BH, BD], tl.float32)
 
 
+@triton.jit
+def _merge_nodes(
+    ws_o_ptr, ws_m_ptr, ws_l_ptr, base, p0, n_units, o_d, m_d, b_max, b_den, b_num,
+    D: tl.constexpr, BD: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """Merge nodes p0 .. p0 + ROWS - 1 (past the last: exact zeros) into the running (max, sums):
+    each node first folds its GROUP stored units in order, as a program would have folded them."""
+    nodes = p0 + tl.arange(0, ROWS)
+    c_m = tl.full([ROWS], float("-inf"), tl.float32)
+    c_l = tl.zeros([ROWS], tl.float32)
+    c_o = tl.zeros([ROWS, BD], tl.float32)
+    # Unrolled (GROUP is a constant), so the compiler issues the blocks' loads ahead of their
+    # folds: a runtime loop waited for each load in turn, and at one request 16 such waits
+    # were most of the call. The two compiled variants (GROUP 1 and node_blocks) must merge
+    # nodes with the same arithmetic; one kernel with a runtime group guaranteed it, so the
+    # plan tests and the benchmark's `plans` and invariance rows check it on each GPU (a
+    # masked unroll in one kernel, tried in an H200 probe, slowed coarse plans at large batches).
+    for r in tl.static_range(GROUP):
+        u = nodes * GROUP + r
+        m_u = u < n_units
+        e_m = tl.load(ws_m_ptr + base + u, mask=m_u, other=float("-inf"))
+        e_l = tl.load(ws_l_ptr + base + u, mask=m_u, other=0.0)
+        e_o = tl.load(ws_o_ptr + (base + u)[:, None] * D + o_d[None, :], mask=m_u[:, None] & m_d[None, :], other=0.0)
+        c_m, c_l, c_o = fold_softmax_state(c_m, c_l, c_o, e_m, e_l, e_o)
+    b_max_new = tl.maximum(b_max, tl.max(c_m, 0))
+    alpha = tl.exp2(b_max - b_max_new)
+    b_w = tl.exp2(c_m - b_max_new)
+    b_den = b_den * alpha + tl.sum(c_l * b_w, 0)
+    b_num = b_num * alpha + tl.sum(c_o * b_w[:, None], 0)
+    return b_max_new, b_den, b_num
+
+
 @triton.jit(do_not_specialize=["unit", "num_splits", "max_units"])
 def _decode_reduce_kernel(
     out_ptr,
@@ -348,41 +381,36 @@ def _decode_reduce_kernel(
     # order, as a program would have folded them.
     n_nodes = tl.cdiv(n_units, GROUP)
     base = (i_b.to(tl.int64) * HQ + i_h) * max_units
-    o_p = tl.arange(0, BP)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
 
     # One pass over chunks of BP nodes in order, rescaling the running sums to the running max
-    # (a request with at most BP nodes is one chunk: no rescale at all).
+    # (a request with at most BP nodes is one chunk: no rescale at all). A request of one or two
+    # nodes (up to 1k tokens at D 128, 2k at D 256) folds and merges them on a 2-row tile, with
+    # the bits of the BP-row tile, whose other rows would be masked work in each GROUP fold step:
+    # each element's fold is the same arithmetic whatever the tile (`fold_softmax_state`), and a
+    # column's sum over the rows then adds two values and exact zeros, which is a + b in any
+    # order (the sum is added to +0, so a -0 from a zero row comes out +0 either way). With
+    # three nodes or more the order of the adds is the tile's reduction tree: 4- and 8-row tiles
+    # changed bits on an H100 (data/bench/h100/README.md), so those keep the BP-row tile, merged
+    # outside the loop when it is the only chunk: the loop's first pass, 1.3 us faster at D 256,
+    # B 1, 4k tokens on an H100 than inside it.
     b_max = float("-inf")
     b_den = 0.0
     b_num = tl.zeros([BD], tl.float32)
-    for p0 in range(0, n_nodes, BP):
-        nodes = p0 + o_p
-        c_m = tl.full([BP], float("-inf"), tl.float32)
-        c_l = tl.zeros([BP], tl.float32)
-        c_o = tl.zeros([BP, BD], tl.float32)
-        # Unrolled (GROUP is a constant), so the compiler issues the blocks' loads ahead of their
-        # folds: a runtime loop waited for each load in turn, and at one request 16 such waits
-        # were most of the call. The two compiled variants (GROUP 1 and node_blocks) must merge
-        # nodes with the same arithmetic; one kernel with a runtime group guaranteed it, so the
-        # plan tests and the benchmark's `plans` and invariance rows check it on each GPU (a
-        # masked unroll in one kernel, tried in an H200 probe, slowed coarse plans at large batches).
-        for r in tl.static_range(GROUP):
-            u = nodes * GROUP + r
-            m_u = u < n_units
-            e_m = tl.load(ws_m_ptr + base + u, mask=m_u, other=float("-inf"))
-            e_l = tl.load(ws_l_ptr + base + u, mask=m_u, other=0.0)
-            e_o = tl.load(
-                ws_o_ptr + (base + u)[:, None] * D + o_d[None, :], mask=m_u[:, None] & m_d[None, :], other=0.0
+    if n_nodes <= 2:
+        b_max, b_den, b_num = _merge_nodes(
+            ws_o_ptr, ws_m_ptr, ws_l_ptr, base, 0, n_units, o_d, m_d, b_max, b_den, b_num, D, BD, GROUP, 2
+        )
+    elif n_nodes <= BP:
+        b_max, b_den, b_num = _merge_nodes(
+            ws_o_ptr, ws_m_ptr, ws_l_ptr, base, 0, n_units, o_d, m_d, b_max, b_den, b_num, D, BD, GROUP, BP
+        )
+    else:
+        for p0 in range(0, n_nodes, BP):
+            b_max, b_den, b_num = _merge_nodes(
+                ws_o_ptr, ws_m_ptr, ws_l_ptr, base, p0, n_units, o_d, m_d, b_max, b_den, b_num, D, BD, GROUP, BP
             )
-            c_m, c_l, c_o = fold_softmax_state(c_m, c_l, c_o, e_m, e_l, e_o)
-        b_max_new = tl.maximum(b_max, tl.max(c_m, 0))
-        alpha = tl.exp2(b_max - b_max_new)
-        b_w = tl.exp2(c_m - b_max_new)
-        b_den = b_den * alpha + tl.sum(c_l * b_w, 0)
-        b_num = b_num * alpha + tl.sum(c_o * b_w[:, None], 0)
-        b_max = b_max_new
     b_out = b_num / b_den
     if FP8:
         b_out = b_out * tl.load(v_scale_ptr)
