@@ -22,17 +22,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def run_smoke(device):
-    """`run_smoke(script, *args)`: the CompletedProcess (its stdout as text) of a script that exited 0
-    with `--device` the session's device; a failure shows its stderr."""
+    """`run_smoke(script, *args, returncode=0)`: the CompletedProcess (its stdout and stderr as text)
+    of a script that exited with `returncode`, with `--device` the session's device; any other exit
+    shows its stderr."""
     from gdn_lab.report.runner import prepended
 
     env = dict(os.environ, PYTHONPATH=prepended("PYTHONPATH", ROOT))
 
-    def run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    def run(script: str, *args: str, timeout: int = 600, returncode: int = 0) -> subprocess.CompletedProcess:
         cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, "--device", device.type]
         done = subprocess.run(cmd, env=env, cwd=ROOT, timeout=timeout, capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.fail(f"{script} {' '.join(args)} exited {done.returncode}:\n{done.stderr[-4000:]}")
+        if done.returncode != returncode:
+            pytest.fail(f"{script} {' '.join(args)} exited {done.returncode}, not {returncode}:\n{done.stderr[-4000:]}")
         return done
 
     return run
