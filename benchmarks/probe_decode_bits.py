@@ -6,10 +6,9 @@ move a bit (a smaller tile, another plan, a loop restructured) is checked here i
 machine: `save` before the change, `compare` after it. Both run `decode_attention_triton` on the
 same requests: lengths at the edges (n - 1, n, n + 1) of every node, of the first two blocks and of
 every power-of-two block count up to 16385 tokens, and 12 random ones up to 20000 (the smoke
-shapes: up to 300 tokens), in shuffled pages, for the Qwen attention
-shapes 32/8/128 and 16/2/256, a bf16 and an fp8 cache, page sizes 1 and 16, and every kind of plan
-(the auto plan, fine plans of one block and of a node per program, coarse plans of one and of four
-nodes per program). `compare` writes one row per (shape, KV dtype, page size, plan): the requests
+shapes: up to 300 tokens), in shuffled pages, for the Qwen attention shapes 32/8/128 and 16/2/256,
+a bf16 and an fp8 cache, page sizes 1 and 16, and every kind of plan (the auto plan, fine plans of
+one block and of a node per program, coarse plans of one and of four nodes per program). `compare` writes one row per (shape, KV dtype, page size, plan): the requests
 compared, how many kept every bit, and the lengths of those that did not.
 
     python3 benchmarks/probe_decode_bits.py save FILE.pt                  # before the change
@@ -23,6 +22,7 @@ Exit codes: 0 saved, or every request kept its bits; 1 some request's output cha
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from pathlib import Path
 
@@ -44,8 +44,6 @@ def lengths(smoke: bool, block_n: int, node_tokens: int, seed: int) -> list[int]
     """The edges n - 1, n, n + 1 of every node, of the first two blocks and of every power-of-two
     block count (where the kernel's structure changes, from the request alone) up to the cap,
     then random lengths."""
-    import random
-
     cap = 300 if smoke else EDGE_MAX
     edges = {1}
     for n in range(block_n, cap + 1, block_n):
