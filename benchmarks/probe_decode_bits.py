@@ -8,8 +8,9 @@ same requests: lengths at the edges (n - 1, n, n + 1) of every node, of the firs
 every power-of-two block count up to 16385 tokens, and 12 random ones up to 20000 (the smoke
 shapes: up to 300 tokens), in shuffled pages, for the Qwen attention shapes 32/8/128 and 16/2/256,
 a bf16 and an fp8 cache, page sizes 1 and 16, and every kind of plan (the auto plan, fine plans of
-one block and of a node per program, coarse plans of one and of four nodes per program). `compare` writes one row per (shape, KV dtype, page size, plan): the requests
-compared, how many kept every bit, and the lengths of those that did not.
+one block and of a node per program, coarse plans of one and of four nodes per program).
+`compare` writes one row per (shape, KV dtype, page size, plan): the requests compared, how many
+kept every bit, and the lengths of those that did not.
 
     python3 benchmarks/probe_decode_bits.py save FILE.pt                  # before the change
     python3 benchmarks/probe_decode_bits.py compare FILE.pt --out DIR     # after: DIR/probe_decode_bits.csv
