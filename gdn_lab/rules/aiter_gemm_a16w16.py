@@ -71,7 +71,6 @@ SOURCE = (
     "amd-aiter (installed; written against 0.1.7.post2.dev18), "
     "aiter/ops/triton/_triton_kernels/gemm_a16w16.py::_get_config + configs/gemm/{device}-GEMM-A16W16[-N=..-K=..].json"
 )
-DEVICES = AITER_DEVICES
 NUMERICS_FIELDS = ("BLOCK_SIZE_K", "NUM_KSPLIT", "SPLITK_BLOCK_SIZE", "matrix_instr_nonkdim", "kpack")
 TILING_FIELDS = (
     "BLOCK_SIZE_M",
@@ -195,11 +194,11 @@ def config_file(arch: str, n: int, k: int) -> ConfigFile:
         >>> config_file("gfx950", 2880, 4096).path.name, config_file("gfx942", 2880, 4096).path.name
         ('MI350X-GEMM-A16W16-N=2880-K=4096.json', 'MI300X-GEMM-A16W16.json')
     """
-    checks.check_choice("arch", arch, tuple(DEVICES))
+    checks.check_choice("arch", arch, tuple(AITER_DEVICES))
     checks.check_positive("n", n)
     checks.check_positive("k", k)
     folder, version = aiter_config_folder("gemm")
-    device = DEVICES[arch]
+    device = AITER_DEVICES[arch]
     specific = folder / f"{device}-GEMM-A16W16-N={n}-K={k}.json"
     if specific.is_file():
         return ConfigFile(specific, True, version)

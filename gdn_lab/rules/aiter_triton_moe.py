@@ -69,7 +69,6 @@ SOURCE = (
     "amd-aiter (installed; written against 0.1.7.post2.dev18), "
     "aiter/ops/triton/utils/moe_config_utils.py::get_optimal_moe_config + configs/moe/{device}-MOE-{dtype}.json"
 )
-DEVICES = AITER_DEVICES
 DTYPE_FILES = {torch.float16: "DEFAULT", torch.bfloat16: "DEFAULT", torch.float32: "float32"}
 
 
@@ -163,10 +162,10 @@ def table_file(arch: str, dtype: torch.dtype) -> tuple[Path | None, str | None]:
     Raises:
         ImportError: aiter is not installed, or has no configs/moe folder.
     """
-    checks.check_choice("arch", arch, tuple(DEVICES))
+    checks.check_choice("arch", arch, tuple(AITER_DEVICES))
     checks.check_choice("dtype", dtype, tuple(DTYPE_FILES))
     folder, version = aiter_config_folder("moe")
-    for name in (DEVICES[arch], arch):
+    for name in (AITER_DEVICES[arch], arch):
         path = folder / f"{name}-MOE-{DTYPE_FILES[dtype]}.json"
         if path.is_file():
             return path, version

@@ -16,7 +16,7 @@ import torch
 
 from gdn_lab import aiter
 from gdn_lab.rules import aiter_triton_moe as moe
-from gdn_lab.rules.base import RuleEnv
+from gdn_lab.rules.base import AITER_DEVICES, RuleEnv
 
 _SPEC = importlib.util.find_spec("aiter")
 pytestmark = pytest.mark.skipif(_SPEC is None, reason=f"aiter is not installed ({aiter.INSTALL_HINT})")
@@ -44,7 +44,7 @@ def test_the_rule_gives_aiters_own_config(arch, dtype):
 
 
 def test_the_tables_read_independently():
-    for arch, name in moe.DEVICES.items():
+    for arch, name in AITER_DEVICES.items():
         table = _table(name)
         for m, entry in ((255, "small_M"), (256, "medium_M"), (1023, "medium_M"), (1024, "large_M")):
             c = moe.get_config(m, arch, torch.bfloat16)
