@@ -70,18 +70,18 @@ def outputs(device: torch.device, smoke: bool) -> dict[tuple, tuple[torch.Tensor
             kv_dtype = resolve_kv_dtype(None if kv_name == "bf16" else "fp8", torch.bfloat16, arch)
             cfg = decode_config(d, torch.bfloat16, kv_dtype)
             lens = lengths(smoke, cfg.block_n, cfg.node_tokens, seed=d)
+            requests = tuple(Request(n, derive_seed(0, "probe_decode_bits", i, n)) for i, n in enumerate(lens))
+            opts = BuildOptions(dtype=torch.bfloat16, kv_dtype=kv_dtype, k_scale=0.7, v_scale=1.3, device=device)
+            plans = {
+                "auto": None,
+                "fine 1 block": DecodePlan(1, 1),
+                "fine 1 node": DecodePlan(1, cfg.node_blocks),
+                "coarse 1 node": DecodePlan(cfg.node_blocks, cfg.node_blocks),
+                "coarse 4 nodes": DecodePlan(cfg.node_blocks, 4 * cfg.node_blocks),
+            }
             for page in (1, 16):
-                requests = tuple(Request(n, derive_seed(0, "probe_decode_bits", i, n)) for i, n in enumerate(lens))
                 batch = Batch(requests, 0, derive_seed(0, "probe_decode_bits", "placement", hq, d, page))
-                opts = BuildOptions(dtype=torch.bfloat16, kv_dtype=kv_dtype, k_scale=0.7, v_scale=1.3, device=device)
                 args = build("decode_attention", batch, AttentionShape(hq, hkv, d, page), opts)
-                plans = {
-                    "auto": None,
-                    "fine 1 block": DecodePlan(1, 1),
-                    "fine 1 node": DecodePlan(1, cfg.node_blocks),
-                    "coarse 1 node": DecodePlan(cfg.node_blocks, cfg.node_blocks),
-                    "coarse 4 nodes": DecodePlan(cfg.node_blocks, 4 * cfg.node_blocks),
-                }
                 for name, plan in plans.items():
                     out = decode_attention_triton(**args, max_seq_len=max(lens), plan=plan)
                     found[(hq, hkv, d, kv_name, page, name)] = (out.cpu(), lens)
