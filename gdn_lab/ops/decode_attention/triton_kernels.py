@@ -73,6 +73,9 @@ _REDUCE_TILE = 4096  # nodes x head-dim elements: BP, the nodes merged at once (
 # D = 256's 16 blocks held [16, 256] per load; in 64-column programs the calls took 0.94x (D 128)
 # and 0.96x (D 256) the time on the H200 (data/bench/h200/bench_decode_attention.csv of a29a1ca)
 _REDUCE_COLUMNS = 64
+# A fine plan's request of 3 to this many nodes folds them on a tile of 4 or of this many rows
+# (`_merge_folded`): H100, D 256, 4 nodes: see data/bench/h100/README.md
+_FOLD_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -318,35 +321,99 @@ def _decode_partition_kernel(
 
 
 @triton.jit
-def _merge_nodes(
-    ws_o_ptr, ws_m_ptr, ws_l_ptr, base, p0, n_units, o_d, m_d, b_max, b_den, b_num,
-    D: tl.constexpr, BD: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
+def _node_states(
+    ws_o_ptr, ws_m_ptr, ws_l_ptr, o_base, ml_base, p0, limit, o_d, m_d,
+    D: tl.constexpr, BD: tl.constexpr, STEPS: tl.constexpr, O_STEP: tl.constexpr, ML_STEP: tl.constexpr,
+    ROWS: tl.constexpr,
 ):  # fmt: skip
-    """Merge nodes p0 .. p0 + ROWS - 1 (past the last: exact zeros) into the running (max, sums):
-    each node first folds its GROUP stored units in order, as a program would have folded them."""
+    """The states (m, l [ROWS], o [ROWS, BD]) of nodes p0 .. p0 + ROWS - 1, each folded from its STEPS
+    stored states in order, as a program would have folded them: node n's step r reads o at row
+    o_base + n * O_STEP + r and m, l at ml_base + n * ML_STEP + r, which exists while that index
+    is below `limit` (past it: the empty state, so a node past the last is exact zeros)."""
     nodes = p0 + tl.arange(0, ROWS)
     c_m = tl.full([ROWS], float("-inf"), tl.float32)
     c_l = tl.zeros([ROWS], tl.float32)
     c_o = tl.zeros([ROWS, BD], tl.float32)
-    # Unrolled (GROUP is a constant), so the compiler issues the blocks' loads ahead of their
+    # Unrolled (STEPS is a constant), so the compiler issues the blocks' loads ahead of their
     # folds: a runtime loop waited for each load in turn, and at one request 16 such waits
     # were most of the call. The two compiled variants (GROUP 1 and node_blocks) must merge
     # nodes with the same arithmetic; one kernel with a runtime group guaranteed it, so the
     # plan tests and the benchmark's `plans` and invariance rows check it on each GPU (a
     # masked unroll in one kernel, tried in an H200 probe, slowed coarse plans at large batches).
-    for r in tl.static_range(GROUP):
-        u = nodes * GROUP + r
-        m_u = u < n_units
-        e_m = tl.load(ws_m_ptr + base + u, mask=m_u, other=float("-inf"))
-        e_l = tl.load(ws_l_ptr + base + u, mask=m_u, other=0.0)
-        e_o = tl.load(ws_o_ptr + (base + u)[:, None] * D + o_d[None, :], mask=m_u[:, None] & m_d[None, :], other=0.0)
+    for r in tl.static_range(STEPS):
+        u = nodes * O_STEP + r
+        i_ml = nodes * ML_STEP + r
+        m_u = i_ml < limit
+        e_m = tl.load(ws_m_ptr + ml_base + i_ml, mask=m_u, other=float("-inf"))
+        e_l = tl.load(ws_l_ptr + ml_base + i_ml, mask=m_u, other=0.0)
+        e_o = tl.load(ws_o_ptr + (o_base + u)[:, None] * D + o_d[None, :], mask=m_u[:, None] & m_d[None, :], other=0.0)
         c_m, c_l, c_o = fold_softmax_state(c_m, c_l, c_o, e_m, e_l, e_o)
+    return c_m, c_l, c_o
+
+
+@triton.jit
+def _merge_nodes(
+    ws_o_ptr, ws_m_ptr, ws_l_ptr, o_base, ml_base, p0, limit, o_d, m_d, b_max, b_den, b_num,
+    D: tl.constexpr, BD: tl.constexpr, STEPS: tl.constexpr, O_STEP: tl.constexpr, ML_STEP: tl.constexpr,
+    ROWS: tl.constexpr,
+):  # fmt: skip
+    """Merge the states of nodes p0 .. p0 + ROWS - 1 (`_node_states`) into the running (max, sums)."""
+    c_m, c_l, c_o = _node_states(
+        ws_o_ptr, ws_m_ptr, ws_l_ptr, o_base, ml_base, p0, limit, o_d, m_d, D, BD, STEPS, O_STEP, ML_STEP, ROWS
+    )
     b_max_new = tl.maximum(b_max, tl.max(c_m, 0))
     alpha = tl.exp2(b_max - b_max_new)
     b_w = tl.exp2(c_m - b_max_new)
     b_den = b_den * alpha + tl.sum(c_l * b_w, 0)
     b_num = b_num * alpha + tl.sum(c_o * b_w[:, None], 0)
     return b_max_new, b_den, b_num
+
+
+@triton.jit
+def _merge_folded(
+    ws_o_ptr, ws_m_ptr, ws_l_ptr, nodes_m_ptr, nodes_l_ptr, base, n_base, n_units, n_nodes, o_d, m_d, b_max, b_den,
+    b_num, D: tl.constexpr, BD: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, BP: tl.constexpr,
+):  # fmt: skip
+    """Merge a request's n_nodes <= ROWS nodes as the BP-row tile merges them, folding them on ROWS rows.
+
+    The folds run on the small tile, whose unrolled loads the compiler issues all ahead (the BP-row
+    tile's did not fit, and its other rows were masked work in every step). Each node's state goes
+    to memory: o over its first unit's row of ws_o (this program's own columns, which no other
+    program reads), m and l to this program's rows of nodes_m/nodes_l (every column program
+    computes them and reads ws_m/ws_l, so those stay untouched). The BP-row tile then reads the
+    states back as one step of `_merge_nodes`, and folding a state into the empty one returns it
+    exactly: the sums over the rows keep the BP-row tile's reduction order, so the bits are those
+    of the BP-row tile folding the blocks itself (a 4- or 8-row tile's own sums changed bits).
+    """
+    s_m, s_l, s_o = _node_states(
+        ws_o_ptr, ws_m_ptr, ws_l_ptr, base, base, 0, n_units, o_d, m_d, D, BD, GROUP, GROUP, GROUP, ROWS
+    )
+    nodes = tl.arange(0, ROWS)
+    m_n = nodes < n_nodes
+    tl.store(ws_o_ptr + (base + nodes * GROUP)[:, None] * D + o_d[None, :], s_o, mask=m_n[:, None] & m_d[None, :])
+    tl.store(nodes_m_ptr + n_base + nodes, s_m, mask=m_n)
+    tl.store(nodes_l_ptr + n_base + nodes, s_l, mask=m_n)
+    tl.debug_barrier()  # the program's stores visible to all its threads before the BP-row tile reads them
+    return _merge_nodes(
+        ws_o_ptr,
+        nodes_m_ptr,
+        nodes_l_ptr,
+        base,
+        n_base,
+        0,
+        n_nodes,
+        o_d,
+        m_d,
+        b_max,
+        b_den,
+        b_num,
+        D,
+        BD,
+        1,
+        GROUP,
+        1,
+        BP,
+    )
 
 
 @triton.jit(do_not_specialize=["unit", "num_splits", "max_units"])
@@ -357,6 +424,8 @@ def _decode_reduce_kernel(
     ws_o_ptr,
     ws_m_ptr,
     ws_l_ptr,
+    nodes_m_ptr,
+    nodes_l_ptr,
     unit,
     num_splits,
     max_units,
@@ -369,6 +438,7 @@ def _decode_reduce_kernel(
     FP8: tl.constexpr,
     BD: tl.constexpr,
     BP: tl.constexpr,
+    FOLD_ROWS: tl.constexpr,
 ):
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -392,25 +462,44 @@ def _decode_reduce_kernel(
     # column's sum over the rows then adds two values and exact zeros, which is a + b in any
     # order (the sum is added to +0, so a -0 from a zero row comes out +0 either way). With
     # three nodes or more the order of the adds is the tile's reduction tree: 4- and 8-row tiles
-    # changed bits on an H100 (data/bench/h100/README.md), so those keep the BP-row tile, merged
-    # outside the loop when it is the only chunk: the loop's first pass, 1.3 us faster at D 256,
-    # B 1, 4k tokens on an H100 than inside it.
+    # changed bits on an H100 (data/bench/h100/README.md), so up to 8 nodes of a fine plan fold
+    # on those tiles and merge on the BP-row tile (`_merge_folded`), and the rest fold and merge
+    # on the BP-row tile, outside the loop when it is the only chunk: the loop's first pass, 1.3
+    # us faster at D 256, B 1, 4k tokens on an H100 than inside it.
     b_max = float("-inf")
     b_den = 0.0
     b_num = tl.zeros([BD], tl.float32)
+    # 4 or 8 rows where they are fewer than BP's (in the interpreter's tiny shapes too: BP >= 16)
+    FOLD: tl.constexpr = GROUP > 1 and BP > FOLD_ROWS
     if n_nodes <= 2:
         b_max, b_den, b_num = _merge_nodes(
-            ws_o_ptr, ws_m_ptr, ws_l_ptr, base, 0, n_units, o_d, m_d, b_max, b_den, b_num, D, BD, GROUP, 2
-        )
+            ws_o_ptr, ws_m_ptr, ws_l_ptr, base, base, 0, n_units, o_d, m_d, b_max, b_den, b_num,
+            D, BD, GROUP, GROUP, GROUP, 2,
+        )  # fmt: skip
+    elif FOLD and n_nodes <= FOLD_ROWS:
+        n_base = ((i_b.to(tl.int64) * HQ + i_h) * tl.num_programs(2) + i_d) * FOLD_ROWS
+        rows: tl.constexpr = FOLD_ROWS // 2
+        if n_nodes <= rows:
+            b_max, b_den, b_num = _merge_folded(
+                ws_o_ptr, ws_m_ptr, ws_l_ptr, nodes_m_ptr, nodes_l_ptr, base, n_base, n_units, n_nodes, o_d, m_d,
+                b_max, b_den, b_num, D, BD, GROUP, rows, BP,
+            )  # fmt: skip
+        else:
+            b_max, b_den, b_num = _merge_folded(
+                ws_o_ptr, ws_m_ptr, ws_l_ptr, nodes_m_ptr, nodes_l_ptr, base, n_base, n_units, n_nodes, o_d, m_d,
+                b_max, b_den, b_num, D, BD, GROUP, FOLD_ROWS, BP,
+            )  # fmt: skip
     elif n_nodes <= BP:
         b_max, b_den, b_num = _merge_nodes(
-            ws_o_ptr, ws_m_ptr, ws_l_ptr, base, 0, n_units, o_d, m_d, b_max, b_den, b_num, D, BD, GROUP, BP
-        )
+            ws_o_ptr, ws_m_ptr, ws_l_ptr, base, base, 0, n_units, o_d, m_d, b_max, b_den, b_num,
+            D, BD, GROUP, GROUP, GROUP, BP,
+        )  # fmt: skip
     else:
         for p0 in range(0, n_nodes, BP):
             b_max, b_den, b_num = _merge_nodes(
-                ws_o_ptr, ws_m_ptr, ws_l_ptr, base, p0, n_units, o_d, m_d, b_max, b_den, b_num, D, BD, GROUP, BP
-            )
+                ws_o_ptr, ws_m_ptr, ws_l_ptr, base, base, p0, n_units, o_d, m_d, b_max, b_den, b_num,
+                D, BD, GROUP, GROUP, GROUP, BP,
+            )  # fmt: skip
     b_out = b_num / b_den
     if FP8:
         b_out = b_out * tl.load(v_scale_ptr)
@@ -467,11 +556,16 @@ def _launch(
         num_warps=config.num_warps, num_stages=config.num_stages, **_register_cap(config),
     )  # fmt: skip
     columns, nodes = min(bd, _REDUCE_COLUMNS), max(1, _REDUCE_TILE // bd)
+    group = config.node_blocks if unit == config.block_n else 1
+    # a fine plan's node states (m, l) for the reduce's small-tile folds (`_merge_folded`)
+    folded = (
+        torch.empty(2, B, HQ, bd // columns, _FOLD_ROWS, dtype=torch.float32, device=q.device) if group > 1 else None
+    )
     _decode_reduce_kernel[(B, HQ, bd // columns)](
-        out, seq_lens, vs, ws_o, ws_m, ws_l, unit=unit, num_splits=num_splits, max_units=max_units,
-        stride_ob=out.stride(0), stride_oh=out.stride(1),
-        HQ=HQ, D=D, SPLIT_BY_COUNT=split, GROUP=config.node_blocks if unit == config.block_n else 1, FP8=fp8,
-        BD=columns, BP=nodes, num_warps=1 if interpreting() else 8 if nodes * columns >= _REDUCE_TILE else 4,
+        out, seq_lens, vs, ws_o, ws_m, ws_l, ws_m if folded is None else folded[0], ws_l if folded is None else folded[1],
+        unit=unit, num_splits=num_splits, max_units=max_units, stride_ob=out.stride(0), stride_oh=out.stride(1),
+        HQ=HQ, D=D, SPLIT_BY_COUNT=split, GROUP=group, FP8=fp8, BD=columns, BP=nodes, FOLD_ROWS=_FOLD_ROWS,
+        num_warps=1 if interpreting() else 8 if nodes * columns >= _REDUCE_TILE else 4,
     )  # fmt: skip
     return out
 

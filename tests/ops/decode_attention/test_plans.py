@@ -4,7 +4,9 @@ A request's numbers are fixed by its blocks (block_n tokens) and nodes (node_blo
 plan only decides which program computes and stores what. Every plan on the same inputs must give
 the same bits, and a target must keep its bits when its batchmates move the plan from fine to
 coarse. Lengths sit at and around every edge the structure names, under the interpreter's config
-(64-token blocks, 256-token nodes): 1, 63-65, 255-257, 511-513, beyond two nodes.
+(64-token blocks, 256-token nodes): 1, 63-65, 255-257, 511-513, and in the first test 1025 and
+2049 tokens, whose 5 and 9 nodes take the reduce's 8-row and its BP-row folds (513's 3 nodes its
+4-row one).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from gdn_lab.ops.decode_attention import reference
 from gdn_lab.routing import get
 
 OP = "decode_attention"
-EDGES = (1, 63, 64, 65, 255, 256, 257, 513)
+EDGES = (1, 63, 64, 65, 255, 256, 257, 513, 1025, 2049)
 HEADS = (4, 2, 64)
 
 
