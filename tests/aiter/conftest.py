@@ -44,6 +44,10 @@ class _HideAiter:
 
 @pytest.fixture
 def hide_aiter(monkeypatch):
+    """aiter neither importable nor loaded for the test: an earlier test in the same process may
+    have imported it, and a loaded aiter is an installed one (`aiter.probe` reads sys.modules first)."""
+    for name in _aiter_module_names():
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(sys, "meta_path", [_HideAiter(), *sys.meta_path])
 
 
