@@ -10,7 +10,8 @@ The numbers a request gets are fixed by the request alone (and the per-(head dim
 3. The request's output merges its nodes in a fixed order (`_decode_reduce_kernel`: chunks of BP
    nodes in sequence, a fixed-shape tree inside a chunk; positions past the last node add exact
    zeros; BP depends on D only; a request of at most two nodes takes a 2-row tile with the same
-   bits) and divides by the merged exp-sum.
+   bits, and a fine plan's 3 to 8 nodes fold on a smaller tile before the BP-row merge) and
+   divides by the merged exp-sum.
 
 Who computes what is free, because it never changes an operation: a `DecodePlan` cuts the work
 into programs. `unit` is what a program stores to the float32 workspace (a block's state, or a
