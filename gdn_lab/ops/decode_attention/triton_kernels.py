@@ -75,7 +75,7 @@ _REDUCE_TILE = 4096  # nodes x head-dim elements: BP, the nodes merged at once (
 # and 0.96x (D 256) the time on the H200 (data/bench/h200/bench_decode_attention.csv of a29a1ca)
 _REDUCE_COLUMNS = 64
 # A fine plan's request of 3 to this many nodes folds them on a tile of 4 or of this many rows
-# (`_merge_folded`), the same bits: 0.93-0.98x the time at 3-4 nodes on an H100 (data/bench/h100/README.md)
+# (`_merge_folded`), the same bits: 0.93-0.98x the time with 3-8 nodes on an H100 (data/bench/h100/README.md)
 _FOLD_ROWS = 8
 
 
