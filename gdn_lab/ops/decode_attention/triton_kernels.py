@@ -377,14 +377,14 @@ def _merge_folded(
 ):  # fmt: skip
     """Merge a request's n_nodes <= ROWS nodes as the BP-row tile merges them, folding them on ROWS rows.
 
-    The folds run on the small tile, whose unrolled loads the compiler issues all ahead (the BP-row
-    tile's did not fit, and its other rows were masked work in every step). Each node's state goes
-    to memory: o over its first unit's row of ws_o (this program's own columns, which no other
-    program reads), m and l to this program's rows of nodes_m/nodes_l (every column program
-    computes them and reads ws_m/ws_l, so those stay untouched). The BP-row tile then reads the
-    states back as one step of `_merge_nodes`, and folding a state into the empty one returns it
-    exactly: the sums over the rows keep the BP-row tile's reduction order, so the bits are those
-    of the BP-row tile folding the blocks itself (a 4- or 8-row tile's own sums changed bits).
+    The folds run on the small tile (on the BP-row tile, its other rows were masked work in each of
+    the GROUP steps). Each node's state goes to memory: o over its first unit's row of ws_o (this
+    program's own columns, which no other program reads), m and l to this program's rows of
+    nodes_m/nodes_l (every column program computes them and reads ws_m/ws_l, so those stay
+    untouched). The BP-row tile then reads the states back as one step of `_merge_nodes`, and
+    folding a state into the empty one returns it exactly: the sums over the rows keep the BP-row
+    tile's reduction order, so the bits are those of the BP-row tile folding the blocks itself (a
+    4- or 8-row tile's own sums changed bits).
     """
     s_m, s_l, s_o = _node_states(
         ws_o_ptr, ws_m_ptr, ws_l_ptr, base, base, 0, n_units, o_d, m_d, D, BD, GROUP, GROUP, GROUP, ROWS
@@ -396,25 +396,9 @@ def _merge_folded(
     tl.store(nodes_l_ptr + n_base + nodes, s_l, mask=m_n)
     tl.debug_barrier()  # the program's stores visible to all its threads before the BP-row tile reads them
     return _merge_nodes(
-        ws_o_ptr,
-        nodes_m_ptr,
-        nodes_l_ptr,
-        base,
-        n_base,
-        0,
-        n_nodes,
-        o_d,
-        m_d,
-        b_max,
-        b_den,
-        b_num,
-        D,
-        BD,
-        1,
-        GROUP,
-        1,
-        BP,
-    )
+        ws_o_ptr, nodes_m_ptr, nodes_l_ptr, base, n_base, 0, n_nodes, o_d, m_d, b_max, b_den, b_num,
+        D, BD, 1, GROUP, 1, BP,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["unit", "num_splits", "max_units"])
