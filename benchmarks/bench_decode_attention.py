@@ -476,10 +476,12 @@ def _sweep_configs(mod, d: int, kv: str, smoke: bool) -> list:
 
 
 def _sweep_plans(mod, cfg, B: int, hkv: int, ctx: int, num_sms: int) -> list:
-    """Forced plans around the auto one: fine with spans of 1 and 4 blocks, coarse with 1, 4 and all nodes."""
+    """Forced plans around the auto one: fine with spans of 1 and 4 blocks, coarse with 1, 2, 4 and all
+    nodes (2: the control's programs where its splits are two nodes long)."""
     r = cfg.node_blocks
     nodes = -(-ctx // cfg.node_tokens)
-    plans = [mod.DecodePlan(1, 1), mod.DecodePlan(1, 4), mod.DecodePlan(r, r), mod.DecodePlan(r, 4 * r)]
+    plans = [mod.DecodePlan(1, 1), mod.DecodePlan(1, 4), mod.DecodePlan(r, r), mod.DecodePlan(r, 2 * r)]
+    plans.append(mod.DecodePlan(r, 4 * r))
     plans.append(mod.DecodePlan(r, r * nodes))
     return list(dict.fromkeys(p for p in plans if p.span_blocks <= r * nodes))
 
