@@ -480,9 +480,7 @@ def _sweep_plans(mod, cfg, B: int, hkv: int, ctx: int, num_sms: int) -> list:
     nodes (2: the control's programs where its splits are two nodes long)."""
     r = cfg.node_blocks
     nodes = -(-ctx // cfg.node_tokens)
-    plans = [mod.DecodePlan(1, 1), mod.DecodePlan(1, 4), mod.DecodePlan(r, r), mod.DecodePlan(r, 2 * r)]
-    plans.append(mod.DecodePlan(r, 4 * r))
-    plans.append(mod.DecodePlan(r, r * nodes))
+    plans = [mod.DecodePlan(1, 1), mod.DecodePlan(1, 4), *(mod.DecodePlan(r, s * r) for s in (1, 2, 4, nodes))]
     return list(dict.fromkeys(p for p in plans if p.span_blocks <= r * nodes))
 
 

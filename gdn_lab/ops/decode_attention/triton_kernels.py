@@ -542,12 +542,14 @@ def _launch(
     )  # fmt: skip
     columns, nodes = min(bd, _REDUCE_COLUMNS), max(1, _REDUCE_TILE // bd)
     group = config.node_blocks if unit == config.block_n else 1
-    # a fine plan's node states (m, l) for the reduce's small-tile folds (`_merge_folded`)
-    folded = (
-        torch.empty(2, B, HQ, bd // columns, _FOLD_ROWS, dtype=torch.float32, device=q.device) if group > 1 else None
+    # a fine plan's node states (m, l) for the reduce's small-tile folds (`_merge_folded`; unread otherwise)
+    nodes_m, nodes_l = (
+        torch.empty(2, B, HQ, bd // columns, _FOLD_ROWS, dtype=torch.float32, device=q.device)
+        if group > 1
+        else (ws_m, ws_l)
     )
     _decode_reduce_kernel[(B, HQ, bd // columns)](
-        out, seq_lens, vs, ws_o, ws_m, ws_l, ws_m if folded is None else folded[0], ws_l if folded is None else folded[1],
+        out, seq_lens, vs, ws_o, ws_m, ws_l, nodes_m, nodes_l,
         unit=unit, num_splits=num_splits, max_units=max_units, stride_ob=out.stride(0), stride_oh=out.stride(1),
         HQ=HQ, D=D, SPLIT_BY_COUNT=split, GROUP=group, FP8=fp8, BD=columns, BP=nodes, FOLD_ROWS=_FOLD_ROWS,
         num_warps=1 if interpreting() else 8 if nodes * columns >= _REDUCE_TILE else 4,
