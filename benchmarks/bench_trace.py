@@ -20,7 +20,9 @@ around each forward, the median of --reps after --warmup. A hooked repetition in
 and leaving `record`; reading the trace (its one device-to-host copy) is `finalize_ms`, measured
 once, and `ratio_with_read` adds it to the hooked forward (recording one forward and reading its
 hashes, against the plain forward); n_tensors counts the tensors hashed, n_read those read from
-memory (a tensor several calls see unchanged is read once). --inference-mode runs every forward
+memory (a tensor several calls see unchanged is read once), n_flush the batches the Triton row
+stage ran them in at level="ops" (queued until a write, a lab op or 32 reads; 0: one launch each,
+as at level="modules"). --inference-mode runs every forward
 (plain ones too) under torch.inference_mode, as vLLM's model runner does: its activations keep no
 version counter, so the recorder reads each at every call (`grad_mode` says which ran). Targets (ratio_vs_plain, judged on CUDA only): <= 1.5 at modules, <= 3 at ops. Every row
 carries the environment fingerprint (`env_*`). Run from the repository root:
@@ -49,7 +51,7 @@ from bench_common import fingerprinted, sync, time_eager_interleaved, write_csv 
 CSV_NAME = "bench_trace.csv"
 COLUMNS = [
     "model", "mode", "hash_impl", "batch", "tokens_per_request", "tokens", "status", "reason", "ms", "ms_min",
-    "ms_max", "reps", "ratio_vs_plain", "target_ratio", "meets_target", "n_entries", "n_tensors", "n_read", "finalize_ms",
+    "ms_max", "reps", "ratio_vs_plain", "target_ratio", "meets_target", "n_entries", "n_tensors", "n_read", "n_flush", "finalize_ms",
     "ratio_with_read", "dtype", "grad_mode", "note",
 ]  # fmt: skip
 MODELS = ("lab", "hf")
@@ -220,12 +222,13 @@ def row_stage_skipped(skip: bool) -> Iterator[None]:
         return
     from gdn_lab.trace import hashing
 
-    real = hashing.row_values
+    real = hashing.row_values, hashing.row_values_many
     hashing.row_values = lambda words, r, f, impl, out, offset=0: None
+    hashing.row_values_many = lambda items: None
     try:
         yield
     finally:
-        hashing.row_values = real
+        hashing.row_values, hashing.row_values_many = real
 
 
 def profile_host(run: Callable[[Any], None], setup: Callable[[], Any] | None, title: str, top: int = 15) -> None:
@@ -249,7 +252,13 @@ def read_trace(trace, device: torch.device) -> dict[str, Any]:
     t0 = time.perf_counter()
     n_entries = len(trace.entries)
     ms = (time.perf_counter() - t0) * 1e3
-    return {"n_entries": n_entries, "finalize_ms": ms, "n_tensors": trace.n_tensors, "n_read": trace.n_read}
+    return {
+        "n_entries": n_entries,
+        "finalize_ms": ms,
+        "n_tensors": trace.n_tensors,
+        "n_read": trace.n_read,
+        "n_flush": trace.n_flush,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,8 @@ Raw bits are hashed, so -0.0 and 0.0 differ, and so do NaNs with different paylo
 
 The row stage reads every element; it has two implementations with identical bits: torch ops (any
 device, the definition) and, for CUDA tensors, one fused Triton kernel per tensor (the torch ops
-take about 15 launches, which dominates a launch-bound forward). The contributions touch one value
+take about 15 launches, which dominates a launch-bound forward), or per batch of queued tensors
+(a deferring HashSink: one launch, not one per tensor). The contributions touch one value
 per row: a HashSink runs them for all the tensors it holds at once, when it is read. Nothing here
 synchronises with the host until then.
 """
@@ -165,6 +166,14 @@ def _triton_row_values() -> Any:
     return row_values_triton
 
 
+def row_values_many(items: list[tuple[torch.Tensor, int, int, torch.Tensor, int]]) -> None:
+    """The Triton row stage of many tensors at once: each (words, r, f, out, offset) as
+    `row_values(words, r, f, "triton", out, offset)` (`triton_hash.row_values_many`)."""
+    from gdn_lab.trace.triton_hash import row_values_many as many
+
+    many(items)
+
+
 def row_values(words: torch.Tensor, r: int, f: int, impl: str, out: torch.Tensor, offset: int = 0) -> None:
     """The row stage into out[offset : offset + r]: R_r = sum_j mix(w_rj + (j + 1) * G) of the
     words (`_words`: R rows of F; contiguous integers, or for "triton" a `_TRITON_AS_IS` tensor of
@@ -277,24 +286,49 @@ class RowsKind:
     pos: torch.Tensor | None
 
 
+class StaleReadError(RuntimeError):
+    """Tensors whose deferred read found their version counter moved: written in place after
+    they were hashed, by a call the recorder did not see, so the bits they had are gone.
+
+    Attributes:
+        tags: what the reader tagged each of those reads with (`_Arena.read`).
+    """
+
+    def __init__(self, tags: list[Any]) -> None:
+        super().__init__(f"{len(tags)} tensor(s) written in place before their deferred read: {tags[:5]}")
+        self.tags = tags
+
+
 class _Arena:
-    """One device's row values, filled chunk by chunk."""
+    """One device's row values, filled chunk by chunk.
+
+    A deferring arena (Triton row stage only) queues its reads and runs them at `flush`, many
+    tensors per launch (`row_values_many`): a launch-bound forward pays a launch per hashed tensor
+    otherwise. The queue holds each tensor alive until then, so its memory cannot be reused; the
+    reader must flush before anything may write a queued tensor in place, and a queued tensor whose
+    version counter moved raises `StaleReadError` at the flush.
+    """
 
     # Chunks double from FIRST to LAST rows: zeroing one 2^16-row chunk took 0.4 ms on the CPU,
     # per trace, a tenth of a small model's recording.
     FIRST, LAST = 1 << 10, 1 << 16
+    FLUSH_AT = 32  # queued reads at most (each keeps its tensor alive)
 
-    def __init__(self, device: torch.device, impl: str) -> None:
+    def __init__(self, device: torch.device, impl: str, defer: bool = False) -> None:
         self.device, self.impl = device, impl
         self.chunks: list[torch.Tensor] = []
         self.start = 0  # arena row of the last chunk's first row
         self.fill = 0  # rows used in the last chunk
         self.capacity = 0  # rows of the last chunk
         self.n_read = 0  # row stages run
+        self.n_flush = 0  # flushes that ran queued reads
+        # queued reads: (words, n, f, chunk, row in it, version counter when queued or None, tag)
+        self.queue: list[tuple] | None = [] if defer and impl == "triton" else None
 
-    def read(self, words: torch.Tensor, n: int, f: int) -> int:
-        """The row stage of `words` (`_words`' tensor: n rows of f) into the arena now; returns
-        the arena row of its first row."""
+    def read(self, words: torch.Tensor, n: int, f: int, tag: Any = None) -> int:
+        """The row stage of `words` (`_words`' tensor: n rows of f) into the arena, now or (deferring)
+        at the next flush; returns the arena row of its first row. `tag` names the read in a
+        `StaleReadError`."""
         if self.fill + n > self.capacity:
             # Zeros (the Triton row stage adds wide rows' column blocks into them); normal tensors
             # even inside inference_mode, so a later forward outside it can still write them.
@@ -304,19 +338,46 @@ class _Arena:
             self.start += self.capacity
             self.chunks.append(chunk)
             self.fill, self.capacity = 0, chunk.numel()
+        queue = self.queue
         if n:
-            row_values(words, n, f, self.impl, self.chunks[-1], self.fill)
+            if queue is None:
+                row_values(words, n, f, self.impl, self.chunks[-1], self.fill)
+            else:
+                try:
+                    version = words._version
+                except RuntimeError:  # an inference tensor keeps no version counter
+                    version = None
+                queue.append((words, n, f, self.chunks[-1], self.fill, version, tag))
         self.n_read += 1
         start = self.start + self.fill
         self.fill += n
+        if queue is not None and len(queue) >= self.FLUSH_AT:
+            self.flush()
         return start
+
+    def flush(self) -> None:
+        """Run the queued reads (a no-op when none are queued).
+
+        Raises:
+            StaleReadError: a queued tensor's version counter moved since it was queued (none run).
+        """
+        queue = self.queue
+        if not queue:
+            return
+        self.queue = []
+        stale = [tag for words, *_, version, tag in queue if version is not None and words._version != version]
+        if stale:
+            raise StaleReadError(stale)
+        with torch._C.DisableTorchFunction():  # the launch's own torch calls reach no mode (a recorder's)
+            row_values_many([item[:5] for item in queue])
+        self.n_flush += 1
 
 
 class HashSink:
     """Hashes many tensors into numbered slots; the sums stay on the devices until `read`.
 
-    A tensor's row stage runs when it is read into its device's arena (one Triton launch on CUDA);
-    each use of those rows is a row of four columns (`kinds`, `starts`, `bases`, `wholes`): the
+    A tensor's row stage runs when it is read into its device's arena (one Triton launch on CUDA),
+    or with `defer`, queued there until the next `flush` (many tensors per launch); each use of those rows is a row of four columns (`kinds`, `starts`, `bases`, `wholes`): the
     rows' kind, their first arena row, the first of its request slots (base + seg; -1: none) and
     its whole-tensor slot (-1: none). The same rows can be used many times (a tensor seen by
     several calls is read once). The position mixing and the per-request sums of every use run
@@ -325,10 +386,11 @@ class HashSink:
     thousands per forward, which the cyclic garbage collector would otherwise scan.
     """
 
-    def __init__(self, impl: str = "auto") -> None:
+    def __init__(self, impl: str = "auto", defer: bool = False) -> None:
         if impl not in IMPLS:
             raise ValueError(f"hash_impl: {impl!r} is not accepted; expected one of {', '.join(map(repr, IMPLS))}")
         self.impl = impl
+        self.defer = defer  # Triton arenas queue their reads until `flush` (`_Arena`)
         self.n_slots = 1
         self.kinds: list[RowsKind] = []
         self.starts: list[int] = []
@@ -345,8 +407,33 @@ class HashSink:
 
     @property
     def n_read(self) -> int:
-        """Row stages run (tensors read from memory)."""
+        """Row stages run or queued (tensors read from memory)."""
         return sum(a.n_read for a in self._arenas.values())
+
+    @property
+    def n_flush(self) -> int:
+        """Flushes that ran queued reads (deferring arenas)."""
+        return sum(a.n_flush for a in self._arenas.values())
+
+    def flush(self) -> None:
+        """Run every arena's queued reads (`_Arena.flush`)."""
+        for arena in self._arenas.values():
+            arena.flush()
+
+    def queues_any(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether a queued read's tensor lies in the storage of one of `tensors`: a write to them
+        could change its bits before it is read."""
+        spans = []
+        for t in tensors:
+            storage = t.untyped_storage()
+            lo = storage.data_ptr()
+            spans.append((t.device, lo, lo + storage.nbytes()))
+        for arena in self._arenas.values():
+            for words, *_ in arena.queue or ():
+                ptr = words.data_ptr()
+                if any(lo <= ptr < hi and device == arena.device for device, lo, hi in spans):
+                    return True
+        return False
 
     def slots(self, n: int) -> int:
         base = self.n_slots
@@ -360,7 +447,7 @@ class HashSink:
             return last
         arena = self._arenas.get(device)
         if arena is None:
-            arena = self._arenas[device] = _Arena(device, resolve_impl(self.impl, device))
+            arena = self._arenas[device] = _Arena(device, resolve_impl(self.impl, device), self.defer)
         self._last = arena
         return arena
 
@@ -373,8 +460,9 @@ class HashSink:
         base: int = 0,
         whole_slot: int | None = None,
     ) -> None:
-        """Read t now and add it: its rows to slots base + seg (when seg is given; a negative seg
-        drops the row), its whole hash to `whole_slot` (when given)."""
+        """Read t (now, or at the next flush when the sink defers) and add it: its rows to slots
+        base + seg (when seg is given; a negative seg drops the row), its whole hash to `whole_slot`
+        (when given)."""
         arena = self.arena(t.device)
         words, n, f, salt = _words(t, arena.impl)
         start = arena.read(words, n, f)
@@ -390,7 +478,9 @@ class HashSink:
         self.wholes.append(whole)
 
     def read(self) -> np.ndarray:
-        """Every slot's hash (int64 [n_slots]); one device-to-host copy per device, cached until the next add."""
+        """Every slot's hash (int64 [n_slots]); one device-to-host copy per device, cached until the next add.
+        Queued reads run first (`flush`)."""
+        self.flush()
         state = (self.n_slots, self.n_tensors)  # what an add or a slot changes: derived, not kept at every add
         if self._read is None or self._read[0] != state:
             total = np.zeros(self.n_slots, dtype=np.int64)

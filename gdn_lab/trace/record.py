@@ -9,8 +9,9 @@ Three kinds of call are recorded:
   a `TorchFunctionMode` (F.softplus, torch.matmul, Tensor.add_, Tensor.__setitem__, ...). Calls
   that return no tensor (shape, item) and pure aliases (view, reshape of contiguous, transpose,
   basic indexing) carry no new bits and are not recorded. In-place calls (a trailing underscore,
-  `__setitem__`, `__i*__`, `out=`) are hashed before and after; other calls after, since they do
-  not change their inputs.
+  `__setitem__`, `__i*__`, a torch.ops operator whose schema writes an argument, `out=`,
+  `inplace=True`) are hashed before and after; other calls after, since they do not change their
+  inputs.
 - `lab_op` (level="ops"): every gdn_lab.ops call in the block, with the backend that ran, seen
   through `gdn_lab.routing.observe`; its cache arguments are hashed per request through their
   slots and page tables (`gdn_lab.trace.op_views`). Torch calls inside a lab op (its backend's
@@ -25,10 +26,22 @@ and with or without autograd. What it costs: one Python call per torch call in a
 through the mode), plus the hashing of recorded calls.
 It does not see inside C++ composites (F.linear, SDPA); those calls are recorded as one.
 
-Hashes are taken at hook time, because in-place ops (a fused add-RMSNorm, a cache write) overwrite
-what a saved reference would point at, and they stay on the device (`HashSink`) until the trace is
-read. Hashing runs with torch functions disabled, so neither this recorder nor an outer one records
-its own work.
+Hashes are taken of the bits a tensor has at hook time, because in-place ops (a fused add-RMSNorm,
+a cache write) overwrite what a saved reference would point at, and they stay on the device
+(`HashSink`) until the trace is read. Hashing runs with torch functions disabled, so neither this
+recorder nor an outer one records its own work.
+
+At level="ops" with reuse on, the Triton row stage does not launch at each hashed tensor: the
+reads queue (each holding its tensor, so its memory cannot be reused) and run in batches, one
+launch per tile shape (`triton_hash.row_values_many`), because a launch per tensor is most of what
+hashing costs a launch-bound forward. The queue is flushed before every write the recorder sees:
+a call that writes in place by its name, its schema (a torch.ops operator: aten's, a custom op that
+declares its writes), `out=` or `inplace=True`, inside the model or outside it; a lab op whose
+state pools hold a queued read (lab ops write nothing else: tests/ops check every backend); 32
+queued reads; reading the trace; the end of the block. A queued tensor whose version counter moved
+all the same (written with torch functions disabled, in a scripted or compiled function) fails
+the recording at the flush. A write with a raw kernel moves no counter: code that writes so needs
+reuse=False, as it already does for the reuse below.
 
 A tensor that reaches several calls unchanged (a module's output is the next module's input and
 its parent's output) is read once: its rows are reused while torch shows it unchanged (the same
@@ -59,13 +72,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from gdn_lab import routing
 from gdn_lab.checks import dtype_name
-from gdn_lab.trace.hashing import HashSink, RowsKind, as_words, words_signature, words_view
+from gdn_lab.trace.hashing import HashSink, RowsKind, StaleReadError, as_words, words_signature, words_view
 from gdn_lab.trace.layout import PADDED, UNALIGNED, Layout
 from gdn_lab.trace.op_views import RowsView, describe_call, split_args
 
@@ -247,6 +261,12 @@ class Trace:
         """How many of them were read from memory (the others reused an earlier call's read)."""
         return self._sink.n_read
 
+    @property
+    def n_flush(self) -> int:
+        """How many batches those reads ran in, when they were queued (level="ops" with reuse, on
+        the Triton row stage: one launch per tile shape each); 0 when each ran at its call."""
+        return self._sink.n_flush
+
     def set_layout(self, layout: Layout, step: int | None = None) -> None:
         """Hash the following calls with `layout`, as step `step` (default: the current step + 1).
 
@@ -277,7 +297,7 @@ class Trace:
     @property
     def entries(self) -> list[Entry]:
         """Every recorded call in execution order (reading the hashes: one device-to-host copy)."""
-        self._sink.read()
+        self._hashes()
         return list(self._entries)
 
     @property
@@ -315,11 +335,11 @@ class Trace:
         request is not in the layout it was hashed with."""
         if record.base < 0 or request_id not in record.layout:
             return None
-        return int(self._sink.read()[record.base + record.layout.index(request_id)])
+        return int(self._hashes()[record.base + record.layout.index(request_id)])
 
     def whole_hash_of(self, record: TensorRecord) -> int | None:
         """The whole-tensor hash of `record`, or None for a lab op's per-request view."""
-        return None if record.whole < 0 else int(self._sink.read()[record.whole])
+        return None if record.whole < 0 else int(self._hashes()[record.whole])
 
     def to_frame(self) -> pd.DataFrame:
         """One row per entry: index, step, name, kind, op, call_index, module, parent, backend,
@@ -337,7 +357,31 @@ class Trace:
                      "n_inputs", "n_outputs", "error"],
         )  # fmt: skip
 
+    def _hashes(self) -> np.ndarray:
+        """Every slot's hash (`HashSink.read`), queued reads run first (`_flush`)."""
+        self._flush()
+        return self._sink.read()
+
     # -- recording (used by the recorder) --
+
+    def _flush(self) -> None:
+        """Run the reads the sink queued (level="ops" with reuse: `record`), before anything the
+        recorder sees may write a queued tensor in place.
+
+        Raises:
+            RuntimeError: a queued tensor was written in place by a call the recorder did not see.
+        """
+        try:
+            self._sink.flush()
+        except StaleReadError as e:
+            index, path = e.tags[0]
+            raise RuntimeError(
+                f"record: {path} of call {index} ({self._calls[index][1]}) was written in place before its deferred "
+                f"read ({len(e.tags)} tensor(s) in all): its version counter moved in a call the recorder does not see "
+                "(code run with torch functions disabled, a scripted or compiled function, a custom op that does not "
+                "declare the write). Record with "
+                "reuse=False: every tensor is then read at its call"
+            ) from None
 
     def _open(
         self, kind: str, name: str, op: str, module: str, parent: int | None, backend: str | None, lo: int,
@@ -417,7 +461,7 @@ class Trace:
             if start < 0:
                 # the row stage now, into its device's arena (most kinds read the tensor as it is)
                 words = t if kind.as_is else as_words(t.flatten(0, 1) if kind.flatten else t, kind.view, kind.cplx)
-                start = kind.arena.read(words, kind.n, kind.f)
+                start = kind.arena.read(words, kind.n, kind.f, (at, path))
                 if version is not None:
                     seen[key] = (at, weakref.ref(owner), layout, version, ptr, shape, stride, dtype, kind, start)
                     if len(seen) > self._prune_at:
@@ -440,7 +484,7 @@ class Trace:
             del seen[key]
         self._prune_at = max(_SEEN_MIN, 2 * len(seen))
 
-    def _hash_views(self, items: Iterable[tuple[str, RowsView]], layout: Layout) -> None:
+    def _hash_views(self, items: Iterable[tuple[str, RowsView]], layout: Layout, at: int) -> None:
         sink = self._sink
         for path, v in items:
             t = v.rows
@@ -449,7 +493,7 @@ class Trace:
             words = words_view(t.dtype, view, arena.impl)
             kind = _Kind(arena, n, salt, v.seg, v.pos, VIEW, tuple(t.shape), dtype_name(t.dtype), False, cplx, words, f,
                          layout.num_requests, words is None and not cplx)  # fmt: skip
-            start = arena.read(as_words(t, words, cplx), n, f)
+            start = arena.read(as_words(t, words, cplx), n, f, (at, path))
             sink.use(kind, start, sink.slots(kind.slots), -1)
             self._paths.append(path)
 
@@ -498,12 +542,14 @@ def _collect(obj: Any, path: str, found: list[tuple[str, torch.Tensor]]) -> None
                 _collect(x, f"{path}[{k!r}]", found)
 
 
-_INFO: dict[Any, tuple[str, bool]] = {}
+_INFO: dict[Any, tuple[str, bool, tuple[tuple[int, str], ...]]] = {}
 
 
-def _function_info(func: Any) -> tuple[str, bool]:
-    """(the name a function is recorded under, whether it writes its first argument in place by
-    its name: a trailing underscore, `__setitem__`, `__i*__`; `out=` is the call's, not the name's)."""
+def _function_info(func: Any) -> tuple[str, bool, tuple[tuple[int, str], ...]]:
+    """(the name a function is recorded under, whether it writes in place, the (position, name) of
+    each argument its schema declares written). A call writes in place by its name (a trailing
+    underscore, `__setitem__`, `__i*__`) or, for a torch.ops operator (aten's, a custom op's), by
+    its schema; `out=` and `inplace=True` are the call's, not the function's (`_writes`)."""
     info = _INFO.get(func)
     if info is None:
         name = resolve_name(func) or f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', repr(func))}"
@@ -512,8 +558,43 @@ def _function_info(func: Any) -> tuple[str, bool]:
                 name = short + name[len(long) :]
                 break
         base = name.rsplit(".", 1)[-1]
-        info = _INFO[func] = (name, (base.endswith("_") and not base.endswith("__")) or base in _INPLACE_DUNDERS)
+        written = _written(func)
+        inplace = (base.endswith("_") and not base.endswith("__")) or base in _INPLACE_DUNDERS or bool(written)
+        info = _INFO[func] = (name, inplace, written)
     return info
+
+
+def _written(func: Any) -> tuple[tuple[int, str], ...]:
+    """The arguments a torch.ops operator's schema marks written (`Tensor(a!)`); a packet's (an
+    operator called without its overload), those of its first overload that writes."""
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        schemas = [getattr(func, overload)._schema for overload in func.overloads()]
+    elif isinstance(func, torch._ops.OpOverload):
+        schemas = [func._schema]
+    else:
+        return ()
+    for schema in schemas:
+        written = tuple(
+            (i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+        )
+        if written:
+            return written
+    return ()
+
+
+@functools.cache
+def _states(op: str) -> tuple[str, ...]:
+    """The arguments a lab op writes in place: its registered state pools (`OpSpec.states`; the
+    contract every backend keeps, checked in tests/ops/test_call_forms.py)."""
+    from gdn_lab.ops import spec
+
+    return spec.get(op).states
+
+
+def _writes(inplace: bool, kwargs: dict | None) -> bool:
+    """Whether a call may write a tensor it is given: a function that writes in place
+    (`_function_info`), or one called with `out=` or `inplace=True`."""
+    return inplace or bool(kwargs) and (kwargs.get("out") is not None or kwargs.get("inplace") is True)
 
 
 def _aliases(outputs: list[tuple[str, torch.Tensor]], inputs: list[tuple[str, torch.Tensor]]) -> bool:
@@ -619,6 +700,7 @@ class _Recorder:
         self.module_depth = 0
         self.labop_depth = 0
         self.mode: _FunctionMode | None = None  # level="ops": the function mode, while the block runs
+        self.defer = trace._sink.defer  # reads wait for a flush (`record`)
 
     def label(self, path: str) -> str:
         return path or self.root
@@ -718,8 +800,12 @@ class _Recorder:
         with _quiet():
             described = describe_call(args) if self.keep_calls else None
             views, plain = split_args(op, args, layout.num_requests)
-            tr._hash_views(views, layout)
+            tr._hash_views(views, layout, index)
             tr._hash([item for p, v in plain for item in _tensors(v, p)], layout, -1, index)
+            if self.defer:  # its kernels write its state pools, unseen by version counters
+                written = [t for name in _states(op) if isinstance(t := args.get(name), torch.Tensor)]
+                if written and tr._sink.queues_any(written):
+                    tr._flush()
         tr._open(LAB_OP, name, op, module, parent, decision.name, lo, described)
         self._push(_Frame(index, LAB_OP, op, module, layout))
 
@@ -732,16 +818,16 @@ class _Recorder:
         with _quiet():  # a lab op's kernels write its states in place, unseen by version counters
             views, plain = split_args(op, args, layout.num_requests, after=True)
             tr._hash(_tensors(result, "out"), layout, index)
-            tr._hash_views(views, layout)
+            tr._hash_views(views, layout, index)
             tr._hash([item for p, v in plain for item in _tensors(v, p)], layout, index)
         tr._outs[index] = (lo, len(tr._paths))
 
     # -- torch functions (level="ops") --
 
     def function(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        name, inplace = _function_info(func)
-        if inplace or (kwargs and kwargs.get("out") is not None):
-            return self._inplace(func, name, args, kwargs)
+        name, inplace, written = _function_info(func)
+        if _writes(inplace, kwargs):
+            return self._inplace(func, name, written, args, kwargs)
         out = func(*args, **kwargs)
         if type(out) in _PLAIN:
             return out
@@ -767,20 +853,27 @@ class _Recorder:
         module, parent = self._enclosing()
         return self.trace._open(FUNCTION, f"{self.label(module)}.{name}", name, module, parent, None, lo)
 
-    def _inplace(self, func: Any, name: str, args: tuple, kwargs: dict) -> Any:
+    def _inplace(self, func: Any, name: str, written: tuple[tuple[int, str], ...], args: tuple, kwargs: dict) -> Any:
         tr = self.trace
         layout, lo, index = tr._layout, len(tr._paths), len(tr._calls)
         with _quiet():
             inputs = [*_tensors(args, "args"), *_tensors({k: v for k, v in kwargs.items() if k != "out"}, "kwargs")]
             tr._hash(inputs, layout, -1, index)
+            tr._flush()  # the reads queued so far see the bits before this write
         self._open_function(name, lo)
         try:
             out = func(*args, **kwargs)
         except BaseException:
             tr._errors.add(index)
             raise
-        # __setitem__ returns None: what changed is its first argument.
-        changed = args[0] if name.endswith("__setitem__") else out
+        # __setitem__ returns None: what changed is its first argument; an operator returning
+        # nothing changed the arguments its schema marks written.
+        if name.endswith("__setitem__"):
+            changed = args[0]
+        elif out is None and written:
+            changed = [args[i] if i < len(args) else kwargs.get(arg) for i, arg in written]
+        else:
+            changed = out
         lo = len(tr._paths)
         with _quiet():
             tr._hash(_tensors(changed, "out"), layout, index)
@@ -798,8 +891,12 @@ class _FunctionMode(TorchFunctionMode):
             return func(*args, **kwargs) if kwargs else func(*args)
         kwargs = kwargs or {}
         rec = self.recorder
-        # Only calls inside the model's modules, and not inside a lab op (its backend's internals).
+        # Only calls inside the model's modules, and not inside a lab op (its backend's internals);
+        # a write elsewhere still runs the reads queued before it.
         if rec.module_depth == 0 or rec.labop_depth > 0:
+            if rec.defer and _writes(_function_info(func)[1], kwargs):
+                with _quiet():
+                    rec.trace._flush()
             return func(*args, **kwargs)
         return rec.function(func, args, kwargs)
 
@@ -896,15 +993,18 @@ def record(
             never the large tensors), so a backend's dispatch rule can later predict the launch.
         reuse: a tensor seen again (a module's output as the next module's input) reuses the
             rows read earlier when torch shows it unchanged (same object, version counter, pointer,
-            shape and strides), except a call's own inputs at its outputs; False reads every
-            tensor at every call (for code that writes tensors in place outside torch's view,
-            between two calls: see the module docstring).
+            shape and strides), except a call's own inputs at its outputs; at level="ops" the
+            Triton row stage's reads also queue until a write (see the module docstring). False
+            reads every tensor at every call, then (for code that writes tensors in place outside
+            torch's view, between two calls).
 
     Yields:
         The Trace, filled as the model runs; read it (entries, `diff`) after the block.
 
     Raises:
         ValueError: model is not an nn.Module, layout not a Layout, or level/hash_impl not accepted.
+        RuntimeError: (at a flush, the block's end at the latest) a tensor whose read was queued was
+            written in place by a call the recorder did not see.
 
     Every hook handle is removed, the function mode exited and the observer detached on every exit
     path, exceptions included; blocks nest (each records independently).
@@ -927,8 +1027,9 @@ def record(
     for name, flag in (("keep_calls", keep_calls), ("reuse", reuse)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: expected true or false, got {flag!r}")
-    trace = Trace(level, layout, HashSink(hash_impl), reuse)
+    trace = Trace(level, layout, HashSink(hash_impl, defer=level == "ops" and reuse), reuse)
     with contextlib.ExitStack() as stack:
+        stack.callback(trace._flush)  # last: the reads still queued run once nothing records
         stack.enter_context(_collector_paused())
         rec = _Recorder(model, trace, keep_calls)
         stack.callback(rec.close)

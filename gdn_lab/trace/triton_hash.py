@@ -1,8 +1,11 @@
-"""The row stage of `gdn_lab.trace.hashing` as one fused Triton kernel per tensor (CUDA/ROCm).
+"""The row stage of `gdn_lab.trace.hashing` as one fused Triton kernel per tensor (CUDA/ROCm), or
+one per batch of tensors.
 
 Same bits as the torch ops (tests compare them under TRITON_INTERPRET=1). The torch ops take about
 15 launches per tensor; a launch-bound forward with hundreds of hashed tensors pays for each, so on
 the GPU one launch hashes a tensor, through the compiled kernel's own launcher (`launch_cached`).
+A recorder that queues its reads (`record` at level="ops") runs them in batches, `row_values_many`:
+one launch per tile shape for all of them, their addresses in a table.
 
 A program sums at most COLS_PER_PROGRAM columns of its block of rows, and a wide row's column
 blocks add into it atomically: a request's row in a per-request layout ([B, T * H], millions of
@@ -18,7 +21,9 @@ MIN_PROGRAMS programs run ([1, 2^20] bf16: 27 us in 64 programs of 16 column blo
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -39,6 +44,14 @@ COLS_PER_PROGRAM = 16 * MAX_BLOCK_F
 MIN_PROGRAMS = 1024  # split rows into column blocks until about this many programs run
 SPLIT_BELOW = 256  # ... when fewer row blocks than this: more of them keep the GPU busy without atomics
 _INT32_MAX = 2**31 - 1
+# The many-tensor launch's table: one int64 row per tensor, these columns (END and START bound the
+# tensor's programs; ADDR and OUT are its words' and its first row value's addresses; S0 the row
+# stride and D2, D3, S1, S2, S3 the trailing dims' as `_strides` gives them, contiguous rows as one
+# dim of stride 1).
+_TABLE = ("END", "START", "ADDR", "OUT", "R", "F", "N_ITER", "N_COL", "WORD_SIZE", "S0", "D2", "D3", "S1", "S2", "S3")
+_COLUMNS = tl.constexpr(len(_TABLE))
+(_END, _START, _ADDR, _OUT, _R, _F, _N_ITER, _N_COL, _WORD_SIZE,
+ _S0, _D2, _D3, _S1, _S2, _S3) = (tl.constexpr(i) for i in range(len(_TABLE)))  # fmt: skip
 # The word of an element by its size: 1-byte types zero-extended, wider ones sign-extended.
 _WORD = {1: tl.uint8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 
@@ -51,6 +64,34 @@ def _mix(z):
     z = z ^ ((z >> 27) & _MASK27)
     z = z * _M2
     return z ^ ((z >> 31) & _MASK31)
+
+
+@triton.jit
+def _block_sums(p_base, o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3, WORD: tl.constexpr,
+                TRAILING: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):  # fmt: skip
+    """The row values of one block of rows (o_r64, valid where m_r) over its n_iter column tiles from
+    col0, its words read from p_base at `_strides`' layout TRAILING: int64 [BLOCK_R]."""
+    b_acc = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.int64)
+    for it in range(0, n_iter):
+        o_f = col0 + it * BLOCK_F + tl.arange(0, BLOCK_F).to(tl.int64)
+        m_x = m_r[:, None] & (o_f < F)[None, :]
+        if TRAILING == 0:  # contiguous rows of F words
+            p_x = p_base + o_r64[:, None] * F + o_f[None, :]
+        else:  # row stride s0; word j of a row at the strides of its 1-3 trailing dims (d1, d2, d3)
+            if TRAILING == 1:
+                o_e = o_f * s3
+            elif TRAILING == 2:
+                o_e = (o_f // d3) * s2 + (o_f % d3) * s3
+            else:
+                o_e = (o_f // (d2 * d3)) * s1 + ((o_f // d3) % d2) * s2 + (o_f % d3) * s3
+            p_x = p_base + o_r64[:, None] * s0 + o_e[None, :]
+        # each element's bits as its word (a no-op for integer words), then zero- or sign-extended;
+        # masked elements are left undefined (no `other`: 0 does not cast to every float type) and
+        # dropped below
+        b_w = tl.load(p_x, mask=m_x).to(WORD, bitcast=True).to(tl.int64)
+        b_z = _mix(b_w + (o_f[None, :] + 1) * _G)
+        b_acc += tl.where(m_x, b_z, 0)
+    return tl.sum(b_acc, axis=1)
 
 
 # s0 and s3 stay specialised (a stride of 1 tells the compiler which axis is contiguous: a
@@ -81,31 +122,59 @@ def _row_values_kernel(
     m_r = o_r < R
     o_r64 = o_r.to(tl.int64)
     col0 = i_c.to(tl.int64) * n_iter * BLOCK_F
-    b_acc = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.int64)
-    for it in range(0, n_iter):
-        o_f = col0 + it * BLOCK_F + tl.arange(0, BLOCK_F).to(tl.int64)
-        m_x = m_r[:, None] & (o_f < F)[None, :]
-        if TRAILING == 0:  # contiguous rows of F words
-            p_x = x_ptr + o_r64[:, None] * F + o_f[None, :]
-        else:  # row stride s0; word j of a row at the strides of its 1-3 trailing dims (d1, d2, d3)
-            if TRAILING == 1:
-                o_e = o_f * s3
-            elif TRAILING == 2:
-                o_e = (o_f // d3) * s2 + (o_f % d3) * s3
-            else:
-                o_e = (o_f // (d2 * d3)) * s1 + ((o_f // d3) % d2) * s2 + (o_f % d3) * s3
-            p_x = x_ptr + o_r64[:, None] * s0 + o_e[None, :]
-        # each element's bits as its word (a no-op for integer words), then zero- or sign-extended;
-        # masked elements are left undefined (no `other`: 0 does not cast to every float type) and
-        # dropped below
-        b_w = tl.load(p_x, mask=m_x).to(WORD, bitcast=True).to(tl.int64)
-        b_z = _mix(b_w + (o_f[None, :] + 1) * _G)
-        b_acc += tl.where(m_x, b_z, 0)
-    b_sum = tl.sum(b_acc, axis=1)
+    b_sum = _block_sums(x_ptr, o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3, WORD, TRAILING, BLOCK_R, BLOCK_F)
     if SPLIT:  # several programs share these rows: add (out holds zeros)
         tl.atomic_add(out_ptr + offset + o_r64, b_sum, mask=m_r)
     else:
         tl.store(out_ptr + offset + o_r64, b_sum, mask=m_r)
+
+
+@triton.jit(do_not_specialize=["first", "n_tensors"])
+def _row_values_many_kernel(
+    table_ptr, first, n_tensors, TRAILING: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr
+):
+    """The row stage of n_tensors tensors in one launch, one table row each from row `first` (`_TABLE`):
+    program p works for the tensor whose range of programs holds p, at its place in that tensor's
+    (row block, column block) grid, reading words of the size its row names. TRAILING 1 addresses
+    word j of a row at j * S3; TRAILING 3 through its 1-3 trailing dims (any `_strides` layout:
+    with the left padding, fewer dims reduce to the same sum), at the registers of a division and
+    a modulo per word."""
+    pid = tl.program_id(0).to(tl.int64)
+    i = first.to(tl.int64)
+    for j in range(first, first + n_tensors):  # the tensors before p's: their ranges end at or before p
+        i += (tl.load(table_ptr + j * _COLUMNS + _END) <= pid).to(tl.int64)
+    row = table_ptr + i * _COLUMNS
+    n_col = tl.load(row + _N_COL)
+    n_iter = tl.load(row + _N_ITER)
+    local = pid - tl.load(row + _START)
+    o_r64 = (local // n_col) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    m_r = o_r64 < tl.load(row + _R)
+    col0 = (local % n_col) * n_iter * BLOCK_F
+    F, s0, s3 = tl.load(row + _F), tl.load(row + _S0), tl.load(row + _S3)
+    d2, d3, s1, s2 = 1, 1, 1, 1
+    if TRAILING == 3:
+        d2, d3, s1, s2 = tl.load(row + _D2), tl.load(row + _D3), tl.load(row + _S1), tl.load(row + _S2)
+    word = tl.load(row + _WORD_SIZE)
+    addr = tl.load(row + _ADDR)
+    b_sum = tl.zeros([BLOCK_R], dtype=tl.int64)
+    # the word size is data here: a branch per size, each reading the words at their own type
+    if word == 2:
+        b_sum = _block_sums(addr.to(tl.pointer_type(tl.int16)), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
+                            tl.int16, TRAILING, BLOCK_R, BLOCK_F)  # fmt: skip
+    elif word == 4:
+        b_sum = _block_sums(addr.to(tl.pointer_type(tl.int32)), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
+                            tl.int32, TRAILING, BLOCK_R, BLOCK_F)  # fmt: skip
+    elif word == 1:
+        b_sum = _block_sums(addr.to(tl.pointer_type(tl.uint8)), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
+                            tl.uint8, TRAILING, BLOCK_R, BLOCK_F)  # fmt: skip
+    else:
+        b_sum = _block_sums(addr.to(tl.pointer_type(tl.int64)), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
+                            tl.int64, TRAILING, BLOCK_R, BLOCK_F)  # fmt: skip
+    p_out = tl.load(row + _OUT).to(tl.pointer_type(tl.int64)) + o_r64
+    if n_col > 1:  # several programs share these rows: add (out holds zeros)
+        tl.atomic_add(p_out, b_sum, mask=m_r)
+    else:
+        tl.store(p_out, b_sum, mask=m_r)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -175,3 +244,53 @@ def row_values_triton(words: torch.Tensor, r: int, f: int, out: torch.Tensor, of
     key = (block_r, block_f, split, trailing, s0 == 1, s0 % 16 == 0, s3 == 1, s3 % 16 == 0, words.dtype,
            words.data_ptr() & 15 == 0, out.data_ptr() & 15 == 0, wide)  # fmt: skip
     launch_cached(_row_values_kernel, grid, args, key)
+
+
+def row_values_many(items: Sequence[tuple[torch.Tensor, int, int, torch.Tensor, int]]) -> None:
+    """`row_values_triton(words, r, f, out, offset)` for each item, on one device, with one launch
+    per tile shape (`_launch_config`'s BLOCK_R x BLOCK_F) and addressing instead of one per tensor:
+    rows whose words lie at one stride (contiguous ones, transposes, strided slices) apart from
+    those with 2-3 strides, whose address arithmetic would cost the others registers. The tensors'
+    addresses, sizes and strides reach the kernel as a table: on a GPU one host-to-device copy from
+    pinned memory. Same bits, same tiles; a lone tensor launches as it is.
+    """
+    classes: dict[tuple[int, int, int], list[list[int]]] = {}
+    shared = []  # the items the table takes
+    for item in items:
+        words, r, f, out, offset = item
+        if not r or not f:  # no words: the rows' values are the zeros out holds
+            continue
+        layout = _CONTIGUOUS if words.is_contiguous() else _strides(words)
+        if layout is None:  # more than 3 trailing strides: a contiguous copy, read in this launch
+            words = words.contiguous()
+            item, layout = (words, r, f, out, offset), _CONTIGUOUS
+        trailing, (s0, d2, d3, s1, s2, s3) = layout
+        if trailing == 0:  # contiguous: one dim of f words at stride 1
+            trailing, s0, d3, s3 = 1, f, f, 1
+        grid, n_iter, block_r, block_f, _ = _launch_config(r, f)
+        row = [grid[0] * grid[1], 0, words.data_ptr(), out.data_ptr() + 8 * offset, r, f, n_iter, grid[1],
+               words.element_size(), s0, d2, d3, s1, s2, s3]  # fmt: skip
+        classes.setdefault((1 if trailing == 1 else 3, block_r, block_f), []).append(row)
+        shared.append(item)
+    if len(shared) <= 1:  # none, or one tensor: its own launch, no table
+        for item in shared:
+            row_values_triton(*item)
+        return
+    table = np.array([row for rows in classes.values() for row in rows], dtype=np.int64)
+    launches, first = [], 0
+    for shape, rows in classes.items():
+        part = table[first : first + len(rows)]
+        ends = np.cumsum(part[:, 0])
+        part[:, 1] = ends - part[:, 0]
+        part[:, 0] = ends
+        launches.append(((int(ends[-1]), 1, 1), (first, len(rows), *shape)))
+        first += len(rows)
+    if interpreting():
+        table_t = torch.from_numpy(table)
+        for grid, args in launches:
+            _row_values_many_kernel[grid](table_t, *args)
+        return
+    # pinned, so the copy is asynchronous (the host allocator keeps the block until it is done)
+    table_t = torch.from_numpy(table).pin_memory().to(shared[0][3].device, non_blocking=True)
+    for grid, args in launches:
+        launch_cached(_row_values_many_kernel, grid, (table_t, *args), args[2:])

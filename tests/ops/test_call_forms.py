@@ -101,3 +101,17 @@ def test_strided_vectors_give_the_bits_of_contiguous_ones(op, backend, device):
         assert _same_bits(_run(op, s.validate(**mine), backend), want), f"{backend}: {name} strided"
         for state in s.states:
             assert _same_bits([mine[state]], [base[state]]), f"{backend}: {name} strided, {state}"
+
+
+@pytest.mark.parametrize("op, backend", _cases(spec.names()))
+def test_a_call_writes_no_argument_but_its_states(op, backend, device):
+    # The contract the recorder's deferred reads rely on (`record`: a lab op whose state pools hold
+    # no queued read runs without a flush): every other tensor it is given keeps its bits.
+    s = spec.get(op)
+    args = _example(op, backend, device)
+    before = _copy(args)
+    _run(op, args, backend)
+    for name, value in args.items():
+        if isinstance(value, torch.Tensor) and name not in s.states:
+            assert _same_bits([value], [before[name]]), f"{backend} wrote {name}"
+    assert any(not _same_bits([args[state]], [before[state]]) for state in s.states) or not s.states

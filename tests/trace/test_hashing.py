@@ -134,6 +134,80 @@ def test_triton_kernel_matches_with_rows_split_over_programs_and_programs_loopin
         triton_hash._launch_config.cache_clear()
 
 
+@needs_triton
+def test_many_tensors_in_one_launch_read_as_each_in_its_own(monkeypatch, device):
+    # One table launch per tile shape must give each tensor the row values of its own launch:
+    # word sizes 1-8, contiguous rows, one stride per row (a transpose, a strided slice), 2-3
+    # strides and more (their own launches, the last through a copy), split rows, no words, and
+    # tensors sharing one output at different offsets, as an arena's chunk holds them.
+    from gdn_lab.trace import triton_hash
+    from gdn_lab.trace.hashing import as_words, words_signature, words_view
+
+    monkeypatch.setattr(triton_hash, "MIN_PROGRAMS", 4)
+    monkeypatch.setattr(triton_hash, "SPLIT_BELOW", 4)
+    triton_hash._launch_config.cache_clear()
+    try:
+        tensors = [
+            sample(torch.bfloat16, (5, 7), seed=1),
+            sample(torch.float32, (6, 5), seed=2).t(),
+            sample(torch.int64, (9, 3), seed=3),
+            sample(torch.float8_e4m3fn, (4, 33), seed=4),
+            sample(torch.float32, (2, 3000), seed=5),  # one row block: its columns split over programs
+            sample(torch.bool, (7, 2), seed=6),
+            sample(torch.float64, (3, 4), seed=7)[:, ::2],
+            sample(torch.float32, (3, 4, 6), seed=8)[:, 1:, ::2],  # two strides per row
+            sample(torch.float16, (2, 3, 4, 5), seed=9).permute(0, 3, 1, 2)[:, ::2, :, 1:],
+            sample(torch.float32, (3, 0), seed=10),
+            sample(torch.int16, (1, 1), seed=11),
+        ]
+        items, want, offset = [], [], 1
+        out = torch.zeros(1 + sum(t.shape[0] for t in tensors) + len(tensors), dtype=torch.int64, device=device)
+        for t in tensors:
+            t = t.to(device)
+            view, r, f, _, cplx = words_signature(t.dtype, t.shape)
+            words = as_words(t, words_view(t.dtype, view, "triton"), cplx)
+            alone = torch.zeros(r, dtype=torch.int64, device=device)
+            triton_hash.row_values_triton(words, r, f, alone)
+            items.append((words, r, f, out, offset))
+            want.append((offset, alone))
+            offset += r + 1  # a gap of one row stays zero
+        triton_hash.row_values_many(items)
+        for (offset, alone), t in zip(want, tensors):
+            assert torch.equal(out[offset : offset + alone.numel()], alone), (t.dtype, tuple(t.shape))
+        gaps = torch.ones_like(out, dtype=torch.bool)
+        for offset, alone in want:
+            gaps[offset : offset + alone.numel()] = False
+        assert not out[gaps].any()
+    finally:
+        triton_hash._launch_config.cache_clear()
+
+
+@needs_triton
+def test_a_deferring_sink_reads_at_its_flushes_what_it_was_given(monkeypatch, device):
+    from gdn_lab.trace import hashing
+
+    monkeypatch.setattr(hashing._Arena, "FLUSH_AT", 4)
+    tensors = [sample(dtype, (9, 1 + i % 5), seed=i).to(device) for i, dtype in
+               enumerate([torch.float32, torch.bfloat16, torch.int32, torch.float8_e4m3fn] * 3)]  # fmt: skip
+    seg, pos = LAYOUT.rows("tokens", torch.device(device))
+    now, later = HashSink("triton"), HashSink("triton", defer=True)
+    for sink in (now, later):
+        for t in tensors:
+            sink.add(t, seg=seg, pos=pos, base=sink.slots(3), whole_slot=sink.slots(1))
+    assert (now.n_flush, later.n_flush) == (0, 3)  # every 4th read, before the sink is read
+    assert later.n_read == now.n_read == len(tensors)
+    assert now.read().tolist() == later.read().tolist()
+
+    x = sample(torch.float32, (9, 3), seed=50).to(device)
+    stale = HashSink("triton", defer=True)
+    stale.add(x, whole_slot=stale.slots(1))
+    assert stale.queues_any([x[2:]]) and not stale.queues_any([x.clone()])
+    x.add_(1.0)  # a write nothing flushed before: the bits queued are gone
+    with pytest.raises(hashing.StaleReadError) as caught:
+        stale.flush()
+    assert caught.value.tags == [None]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_request_hashes_the_same_alone_and_at_another_offset(dtype):
     t = sample(dtype, (9, 6))

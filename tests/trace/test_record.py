@@ -13,6 +13,8 @@ from torch import nn
 from gdn_lab.ops import gdn_decode, matmul
 from gdn_lab.trace import Layout, record, row_hashes
 
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
 
 class Mixer(nn.Module):
     """Functional calls of every kind the function tier must see or skip."""
@@ -424,6 +426,101 @@ def test_a_trace_read_inside_a_block_records_nothing_and_reads_the_same_hashes()
     read = [[tr.hash_of(r, q) for r in e.outputs for q in (0, 1)] for e in tr.entries if e.module.startswith("net")]
     want = [[plain.hash_of(r, q) for r in e.outputs for q in (0, 1)] for e in plain.entries if e.module]
     assert read == want
+
+
+@torch.library.custom_op("gdn_lab_test::fill_first", mutates_args=("x",))
+def _fill_first(x: torch.Tensor, value: float) -> None:
+    x[:, 0] = value
+
+
+class Writes(nn.Module):
+    """Writes its activation in place in every way the function mode sees (device-agnostic)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.act = nn.Linear(4, 4), nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.lin(x))
+        y.add_(1.0)  # by name
+        y[:, 0] = 0.5  # __setitem__
+        torch.ops.aten.mul_.Scalar(y, 2.0)  # an operator whose schema declares the write
+        _fill_first(y, 0.25)  # ... a custom one, returning nothing
+        F.relu(y, inplace=True)  # inplace=True
+        torch.mul(y, 3.0, out=y)  # out=
+        return y * 3.0
+
+
+def _writes_run(device, **kwargs) -> tuple:
+    torch.manual_seed(0)
+    model, x = Writes().to(device), torch.randn(3, 4, device=device)
+    with torch.no_grad(), record(model, Layout.per_request([0, 1, 2]), level="ops", **kwargs) as tr:
+        out = model(x)
+        out.sub_(1.0)  # outside the model's modules: not recorded, but the reads queued before it run first
+    return tr, out
+
+
+@needs_triton
+def test_ops_level_reads_queued_until_a_write_give_the_hashes_read_at_each_call(monkeypatch, device):
+    queued, _ = _writes_run(device, hash_impl="triton")
+    each, _ = _writes_run(device, hash_impl="triton", reuse=False)
+    ref, _ = _writes_run(device, hash_impl="torch")
+    assert each.n_flush == 0 and 0 < queued.n_flush < queued.n_read
+    assert [(e.name, e.kind) for e in queued.entries] == [(e.name, e.kind) for e in ref.entries]
+    names = [e.name for e in queued.entries]
+    for written in ("Tensor.add_", "Tensor.__setitem__", "aten.mul_.Scalar", "F.relu", "torch.mul"):
+        assert f"Writes.{written}" in names, written
+    custom = queued.entries[names.index("Writes.gdn_lab_test.fill_first.default")]
+    assert [r.path for r in custom.outputs] == ["out[0]"]  # the argument its schema writes
+    assert _hashes(queued) == _hashes(each) == _hashes(ref)
+    # the control: reads left queued past the writes find their tensors' version counters moved
+    from gdn_lab.trace.hashing import StaleReadError
+
+    monkeypatch.setattr(type(queued), "_flush", lambda self: None)
+    late, _ = _writes_run(device, hash_impl="triton")
+    with pytest.raises(StaleReadError) as caught:
+        _ = late.entries  # reading the entries runs the queued reads
+    written = {late._calls[index][1] for index, _ in caught.value.tags}
+    assert {"act.F.silu", "Writes.Tensor.add_", "Writes.Tensor.mul"} <= written, written
+
+
+@needs_triton
+def test_a_write_the_recorder_cannot_see_fails_the_recording_unless_every_read_is_at_its_call(device):
+    class Hidden(nn.Module):
+        def forward(self, x):
+            y = torch.sin(x)
+            with torch._C.DisableTorchFunction():  # no mode sees this write; the version counter does
+                y.add_(1.0)
+            return y * 2.0
+
+    model, x, lay = Hidden(), torch.randn(2, 3, device=device), Layout.per_request([0, 1])
+    with (
+        pytest.raises(RuntimeError, match=r"out of call 1 \(Hidden.torch.sin\).*reuse=False"),
+        record(model, lay, level="ops", hash_impl="triton"),
+    ):
+        model(x)
+    with record(model, lay, level="ops", hash_impl="triton", reuse=False) as tr:
+        model(x)
+    sin = tr.entries[1]
+    assert [tr.hash_of(sin.outputs[0], r) for r in (0, 1)] == row_hashes(torch.sin(x), lay).tolist()
+
+
+@needs_triton
+def test_the_lab_model_records_the_same_hashes_with_its_reads_queued(device):
+    from gdn_lab.model import OPS, Model, ModelConfig
+
+    model = Model(ModelConfig.from_name("tiny"), backends=dict.fromkeys(OPS, "torch"), device=device)
+    prompts, lay = [[5, 17, 3, 99], [64, 2]], Layout.packed([0, 4, 6], [0, 1])
+    traces = {}
+    for key, kwargs in (("queued", dict(hash_impl="triton")), ("ref", dict(hash_impl="torch", reuse=False))):
+        cache = model.new_cache([4, 2], 1, request_ids=[0, 1])
+        with torch.no_grad(), record(model, lay, level="ops", **kwargs) as traces[key]:
+            model.prefill(prompts, cache, trace=traces[key])
+    queued, ref = traces["queued"], traces["ref"]
+    lab_ops = sum(e.kind == "lab_op" for e in queued.entries)
+    assert 0 < queued.n_flush < lab_ops  # a lab op flushes only when a queued read lies in its state pools
+    assert [(e.name, e.kind) for e in queued.entries] == [(e.name, e.kind) for e in ref.entries]
+    assert _hashes(queued) == _hashes(ref)
 
 
 @pytest.mark.parametrize(
