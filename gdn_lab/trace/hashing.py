@@ -377,9 +377,10 @@ class HashSink:
     """Hashes many tensors into numbered slots; the sums stay on the devices until `read`.
 
     A tensor's row stage runs when it is read into its device's arena (one Triton launch on CUDA),
-    or with `defer`, queued there until the next `flush` (many tensors per launch); each use of those rows is a row of four columns (`kinds`, `starts`, `bases`, `wholes`): the
-    rows' kind, their first arena row, the first of its request slots (base + seg; -1: none) and
-    its whole-tensor slot (-1: none). The same rows can be used many times (a tensor seen by
+    or with `defer`, queued there until the next `flush` (many tensors per launch); each use of
+    those rows is a row of four columns (`kinds`, `starts`, `bases`, `wholes`): the rows' kind,
+    their first arena row, the first of its request slots (base + seg; -1: none) and its
+    whole-tensor slot (-1: none). The same rows can be used many times (a tensor seen by
     several calls is read once). The position mixing and the per-request sums of every use run
     together, vectorised, when the sink is read. Slot 0 collects masked rows and is never read.
     Uses are columns, not an object each, because a recorder appends one per hashed tensor:

@@ -379,8 +379,7 @@ class Trace:
                 f"record: {path} of call {index} ({self._calls[index][1]}) was written in place before its deferred "
                 f"read ({len(e.tags)} tensor(s) in all): its version counter moved in a call the recorder does not see "
                 "(code run with torch functions disabled, a scripted or compiled function, a custom op that does not "
-                "declare the write). Record with "
-                "reuse=False: every tensor is then read at its call"
+                "declare the write). Record with reuse=False: every tensor is then read at its call"
             ) from None
 
     def _open(
@@ -582,13 +581,13 @@ def _written(func: Any) -> tuple[tuple[int, str], ...]:
     return ()
 
 
-@functools.cache
-def _states(op: str) -> tuple[str, ...]:
+def _states(op: str) -> tuple[str, ...] | None:
     """The arguments a lab op writes in place: its registered state pools (`OpSpec.states`; the
-    contract every backend keeps, checked in tests/ops/test_call_forms.py)."""
+    contract every backend keeps, checked in tests/ops/test_call_forms.py), or None for a routed op
+    with no spec, whose writes are unknown."""
     from gdn_lab.ops import spec
 
-    return spec.get(op).states
+    return spec.get(op).states if op in spec.names() else None
 
 
 def _writes(inplace: bool, kwargs: dict | None) -> bool:
@@ -803,8 +802,9 @@ class _Recorder:
             tr._hash_views(views, layout, index)
             tr._hash([item for p, v in plain for item in _tensors(v, p)], layout, -1, index)
             if self.defer:  # its kernels write its state pools, unseen by version counters
-                written = [t for name in _states(op) if isinstance(t := args.get(name), torch.Tensor)]
-                if written and tr._sink.queues_any(written):
+                states = _states(op)
+                written = [] if states is None else [t for n in states if isinstance(t := args.get(n), torch.Tensor)]
+                if states is None or written and tr._sink.queues_any(written):
                     tr._flush()
         tr._open(LAB_OP, name, op, module, parent, decision.name, lo, described)
         self._push(_Frame(index, LAB_OP, op, module, layout))

@@ -506,6 +506,32 @@ def test_a_write_the_recorder_cannot_see_fails_the_recording_unless_every_read_i
 
 
 @needs_triton
+def test_a_routed_op_without_a_spec_runs_the_queued_reads_before_it_writes(monkeypatch, device):
+    # Its writes are unknown, and a raw write (here through .data) moves no version counter: only
+    # the flush before it keeps the queued read of what it overwrites.
+    from gdn_lab import routing
+
+    monkeypatch.setattr(routing, "_REGISTRY", {k: dict(v) for k, v in routing._REGISTRY.items()})
+
+    def scale(x):
+        x.data.mul_(2.0)
+        return x.sum()
+
+    routing.register(routing.Backend("toy_scale", "raw", scale, routing.LIBRARY_TORCH))
+
+    class Toy(nn.Module):
+        def forward(self, x):
+            y = torch.sin(x)
+            return routing.dispatch("toy_scale", {"x": y})[0]
+
+    model, x, lay = Toy(), torch.randn(2, 3, device=device), Layout.per_request([0, 1])
+    with record(model, lay, level="ops", hash_impl="triton") as tr:
+        model(x)
+    sin = next(e for e in tr.entries if e.name == "Toy.torch.sin")
+    assert [tr.hash_of(sin.outputs[0], r) for r in (0, 1)] == row_hashes(torch.sin(x), lay).tolist()
+
+
+@needs_triton
 def test_the_lab_model_records_the_same_hashes_with_its_reads_queued(device):
     from gdn_lab.model import OPS, Model, ModelConfig
 
