@@ -114,72 +114,70 @@ def test_triton_kernel_reads_strided_tensors_in_place_as_the_torch_path_reads_th
         assert torch.equal(tensor_hash(t, impl="triton"), tensor_hash(t.contiguous(), impl="torch")), name
 
 
-@needs_triton
-def test_triton_kernel_matches_with_rows_split_over_programs_and_programs_looping(monkeypatch, device):
-    # Thresholds shrunk so small shapes take every launch shape: row blocks split into column
-    # blocks that each loop over several tiles, and row blocks left whole looping over theirs.
+@pytest.fixture
+def small_splits(monkeypatch):
+    """The Triton row stage's thresholds shrunk so small shapes take every launch shape: row blocks
+    split into column blocks that each loop over several tiles, and row blocks left whole looping
+    over theirs."""
     from gdn_lab.trace import triton_hash
 
     monkeypatch.setattr(triton_hash, "MIN_PROGRAMS", 4)
     monkeypatch.setattr(triton_hash, "SPLIT_BELOW", 4)
     triton_hash._launch_config.cache_clear()
-    try:
-        shapes = {(5, 5000): (True, 3), (9, 2100): (False, 3)}  # -> (split, tiles per program)
-        for shape, (split, n_iter) in shapes.items():
-            _, iters, _, _, splits = triton_hash._launch_config(*shape)
-            assert (splits, iters) == (split, n_iter)
-            t = sample(torch.bfloat16, shape).to(device)
-            assert torch.equal(tensor_hash(t, impl="triton"), tensor_hash(t, impl="torch"))
-    finally:
-        triton_hash._launch_config.cache_clear()
+    yield triton_hash
+    triton_hash._launch_config.cache_clear()
 
 
 @needs_triton
-def test_many_tensors_in_one_launch_read_as_each_in_its_own(monkeypatch, device):
-    # One table launch per tile shape must give each tensor the row values of its own launch:
-    # word sizes 1-8, contiguous rows, one stride per row (a transpose, a strided slice), 2-3
-    # strides and more (their own launches, the last through a copy), split rows, no words, and
-    # tensors sharing one output at different offsets, as an arena's chunk holds them.
-    from gdn_lab.trace import triton_hash
+def test_triton_kernel_matches_with_rows_split_over_programs_and_programs_looping(small_splits, device):
+    shapes = {(5, 5000): (True, 3), (9, 2100): (False, 3)}  # -> (split, tiles per program)
+    for shape, (split, n_iter) in shapes.items():
+        _, iters, _, _, splits = small_splits._launch_config(*shape)
+        assert (splits, iters) == (split, n_iter)
+        t = sample(torch.bfloat16, shape).to(device)
+        assert torch.equal(tensor_hash(t, impl="triton"), tensor_hash(t, impl="torch"))
+
+
+@needs_triton
+def test_many_tensors_in_one_launch_read_as_each_in_its_own(small_splits, device):
+    # One table launch per tile shape and addressing must give each tensor the row values of its
+    # own launch: word sizes 1-8, contiguous rows, one stride per row (a transpose, a strided
+    # slice), 2-3 strides, more (read through a copy), split rows, no words, and tensors sharing
+    # one output at different offsets, as an arena's chunk holds them.
     from gdn_lab.trace.hashing import as_words, words_signature, words_view
 
-    monkeypatch.setattr(triton_hash, "MIN_PROGRAMS", 4)
-    monkeypatch.setattr(triton_hash, "SPLIT_BELOW", 4)
-    triton_hash._launch_config.cache_clear()
-    try:
-        tensors = [
-            sample(torch.bfloat16, (5, 7), seed=1),
-            sample(torch.float32, (6, 5), seed=2).t(),
-            sample(torch.int64, (9, 3), seed=3),
-            sample(torch.float8_e4m3fn, (4, 33), seed=4),
-            sample(torch.float32, (2, 3000), seed=5),  # one row block: its columns split over programs
-            sample(torch.bool, (7, 2), seed=6),
-            sample(torch.float64, (3, 4), seed=7)[:, ::2],
-            sample(torch.float32, (3, 4, 6), seed=8)[:, 1:, ::2],  # two strides per row
-            sample(torch.float16, (2, 3, 4, 5), seed=9).permute(0, 3, 1, 2)[:, ::2, :, 1:],
-            sample(torch.float32, (3, 0), seed=10),
-            sample(torch.int16, (1, 1), seed=11),
-        ]
-        items, want, offset = [], [], 1
-        out = torch.zeros(1 + sum(t.shape[0] for t in tensors) + len(tensors), dtype=torch.int64, device=device)
-        for t in tensors:
-            t = t.to(device)
-            view, r, f, _, cplx = words_signature(t.dtype, t.shape)
-            words = as_words(t, words_view(t.dtype, view, "triton"), cplx)
-            alone = torch.zeros(r, dtype=torch.int64, device=device)
-            triton_hash.row_values_triton(words, r, f, alone)
-            items.append((words, r, f, out, offset))
-            want.append((offset, alone))
-            offset += r + 1  # a gap of one row stays zero
-        triton_hash.row_values_many(items)
-        for (offset, alone), t in zip(want, tensors):
-            assert torch.equal(out[offset : offset + alone.numel()], alone), (t.dtype, tuple(t.shape))
-        gaps = torch.ones_like(out, dtype=torch.bool)
-        for offset, alone in want:
-            gaps[offset : offset + alone.numel()] = False
-        assert not out[gaps].any()
-    finally:
-        triton_hash._launch_config.cache_clear()
+    tensors = [
+        sample(torch.bfloat16, (5, 7), seed=1),
+        sample(torch.float32, (6, 5), seed=2).t(),
+        sample(torch.int64, (9, 3), seed=3),
+        sample(torch.float8_e4m3fn, (4, 33), seed=4),
+        sample(torch.float32, (2, 3000), seed=5),  # one row block: its columns split over programs
+        sample(torch.bool, (7, 2), seed=6),
+        sample(torch.float64, (3, 4), seed=7)[:, ::2],
+        sample(torch.float32, (3, 4, 6), seed=8)[:, 1:, ::2],  # two strides per row
+        sample(torch.float16, (2, 3, 4, 5), seed=9).permute(0, 3, 1, 2)[:, ::2, :, 1:],
+        sample(torch.float32, (2, 2, 3, 4, 5), seed=12).permute(0, 4, 3, 2, 1),  # four: a copy
+        sample(torch.float32, (3, 0), seed=10),
+        sample(torch.int16, (1, 1), seed=11),
+    ]
+    items, want, offset = [], [], 1
+    out = torch.zeros(1 + sum(t.shape[0] for t in tensors) + len(tensors), dtype=torch.int64, device=device)
+    for t in tensors:
+        t = t.to(device)
+        view, r, f, _, cplx = words_signature(t.dtype, t.shape)
+        words = as_words(t, words_view(t.dtype, view, "triton"), cplx)
+        alone = torch.zeros(r, dtype=torch.int64, device=device)
+        small_splits.row_values_triton(words, r, f, alone)
+        items.append((words, r, f, out, offset))
+        want.append((offset, alone))
+        offset += r + 1  # a gap of one row stays zero
+    small_splits.row_values_many(items)
+    for (offset, alone), t in zip(want, tensors):
+        assert torch.equal(out[offset : offset + alone.numel()], alone), (t.dtype, tuple(t.shape))
+    gaps = torch.ones_like(out, dtype=torch.bool)
+    for offset, alone in want:
+        gaps[offset : offset + alone.numel()] = False
+    assert not out[gaps].any()
 
 
 @needs_triton
