@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,14 +289,14 @@ class RowsKind:
 
 class StaleReadError(RuntimeError):
     """Tensors whose deferred read found their version counter moved: written in place after
-    they were hashed, by a call the recorder did not see, so the bits they had are gone.
+    they were hashed, by a call the reader did not see, so the bits they had are gone.
 
     Attributes:
         tags: what the reader tagged each of those reads with (`_Arena.read`).
     """
 
-    def __init__(self, tags: list[Any]) -> None:
-        super().__init__(f"{len(tags)} tensor(s) written in place before their deferred read: {tags[:5]}")
+    def __init__(self, tags: list[Any], message: str | None = None) -> None:
+        super().__init__(message or f"{len(tags)} tensor(s) written in place before their deferred read: {tags[:5]}")
         self.tags = tags
 
 
@@ -314,8 +315,11 @@ class _Arena:
     FIRST, LAST = 1 << 10, 1 << 16
     FLUSH_AT = 32  # queued reads at most (each keeps its tensor alive)
 
-    def __init__(self, device: torch.device, impl: str, defer: bool = False) -> None:
+    def __init__(
+        self, device: torch.device, impl: str, defer: bool = False, describe: Callable[[list], str] | None = None
+    ) -> None:
         self.device, self.impl = device, impl
+        self.describe = describe  # tags -> the message of a StaleReadError
         self.chunks: list[torch.Tensor] = []
         self.start = 0  # arena row of the last chunk's first row
         self.fill = 0  # rows used in the last chunk
@@ -367,7 +371,7 @@ class _Arena:
         self.queue = []
         stale = [tag for words, *_, version, tag in queue if version is not None and words._version != version]
         if stale:
-            raise StaleReadError(stale)
+            raise StaleReadError(stale, self.describe(stale) if self.describe else None)
         with torch._C.DisableTorchFunction():  # the launch's own torch calls reach no mode (a recorder's)
             row_values_many([item[:5] for item in queue])
         self.n_flush += 1
@@ -387,11 +391,12 @@ class HashSink:
     thousands per forward, which the cyclic garbage collector would otherwise scan.
     """
 
-    def __init__(self, impl: str = "auto", defer: bool = False) -> None:
+    def __init__(self, impl: str = "auto", defer: bool = False, describe: Callable[[list], str] | None = None) -> None:
         if impl not in IMPLS:
             raise ValueError(f"hash_impl: {impl!r} is not accepted; expected one of {', '.join(map(repr, IMPLS))}")
         self.impl = impl
         self.defer = defer  # Triton arenas queue their reads until `flush` (`_Arena`)
+        self.describe = describe  # the message of a StaleReadError from its reads' tags
         self.n_slots = 1
         self.kinds: list[RowsKind] = []
         self.starts: list[int] = []
@@ -448,7 +453,7 @@ class HashSink:
             return last
         arena = self._arenas.get(device)
         if arena is None:
-            arena = self._arenas[device] = _Arena(device, resolve_impl(self.impl, device), self.defer)
+            arena = self._arenas[device] = _Arena(device, resolve_impl(self.impl, device), self.defer, self.describe)
         self._last = arena
         return arena
 

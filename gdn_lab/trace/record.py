@@ -72,14 +72,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from gdn_lab import routing
 from gdn_lab.checks import dtype_name
-from gdn_lab.trace.hashing import HashSink, RowsKind, StaleReadError, as_words, words_signature, words_view
+from gdn_lab.trace.hashing import HashSink, RowsKind, as_words, words_signature, words_view
 from gdn_lab.trace.layout import PADDED, UNALIGNED, Layout
 from gdn_lab.trace.op_views import RowsView, describe_call, split_args
 
@@ -211,7 +210,9 @@ class Trace:
     are matched between traces by (step, name, call_index).
     """
 
-    def __init__(self, level: str, layout: Layout, sink: HashSink, reuse: bool = True) -> None:
+    def __init__(
+        self, level: str, layout: Layout, sink: HashSink, reuse: bool = True, calls: list[tuple] | None = None
+    ) -> None:
         self.level = level
         self._reuse = reuse
         # id, or for a view (its base's id, pointer, shape, strides) -> (call index when read, weakref
@@ -229,7 +230,7 @@ class Trace:
         # description); its outputs' range when it returned (None until then); the calls that
         # raised. A hashed tensor is a use of the sink (its kind, arena row and slots) with its
         # path here, at the same index.
-        self._calls: list[tuple] = []
+        self._calls: list[tuple] = [] if calls is None else calls
         self._outs: list[tuple[int, int] | None] = []
         self._errors: set[int] = set()
         self._paths: list[str] = []
@@ -297,7 +298,7 @@ class Trace:
     @property
     def entries(self) -> list[Entry]:
         """Every recorded call in execution order (reading the hashes: one device-to-host copy)."""
-        self._hashes()
+        self._sink.read()
         return list(self._entries)
 
     @property
@@ -335,11 +336,11 @@ class Trace:
         request is not in the layout it was hashed with."""
         if record.base < 0 or request_id not in record.layout:
             return None
-        return int(self._hashes()[record.base + record.layout.index(request_id)])
+        return int(self._sink.read()[record.base + record.layout.index(request_id)])
 
     def whole_hash_of(self, record: TensorRecord) -> int | None:
         """The whole-tensor hash of `record`, or None for a lab op's per-request view."""
-        return None if record.whole < 0 else int(self._hashes()[record.whole])
+        return None if record.whole < 0 else int(self._sink.read()[record.whole])
 
     def to_frame(self) -> pd.DataFrame:
         """One row per entry: index, step, name, kind, op, call_index, module, parent, backend,
@@ -357,30 +358,7 @@ class Trace:
                      "n_inputs", "n_outputs", "error"],
         )  # fmt: skip
 
-    def _hashes(self) -> np.ndarray:
-        """Every slot's hash (`HashSink.read`), queued reads run first (`_flush`)."""
-        self._flush()
-        return self._sink.read()
-
     # -- recording (used by the recorder) --
-
-    def _flush(self) -> None:
-        """Run the reads the sink queued (level="ops" with reuse: `record`), before anything the
-        recorder sees may write a queued tensor in place.
-
-        Raises:
-            RuntimeError: a queued tensor was written in place by a call the recorder did not see.
-        """
-        try:
-            self._sink.flush()
-        except StaleReadError as e:
-            index, path = e.tags[0]
-            raise RuntimeError(
-                f"record: {path} of call {index} ({self._calls[index][1]}) was written in place before its deferred "
-                f"read ({len(e.tags)} tensor(s) in all): its version counter moved in a call the recorder does not see "
-                "(code run with torch functions disabled, a scripted or compiled function, a custom op that does not "
-                "declare the write). Record with reuse=False: every tensor is then read at its call"
-            ) from None
 
     def _open(
         self, kind: str, name: str, op: str, module: str, parent: int | None, backend: str | None, lo: int,
@@ -588,6 +566,18 @@ def _states(op: str) -> tuple[str, ...] | None:
     from gdn_lab.ops import spec
 
     return spec.get(op).states if op in spec.names() else None
+
+
+def _stale_reads(calls: list[tuple], tags: list[tuple[int, str]]) -> str:
+    """What a trace's StaleReadError says: the first tensor written before its queued read, by its
+    path and call (`tags`: (call index, path) of each), and what to do."""
+    index, path = tags[0]
+    return (
+        f"record: {path} of call {index} ({calls[index][1]}) was written in place before its queued read "
+        f"({len(tags)} tensor(s) in all): its version counter moved in a call the recorder does not see (code run "
+        "with torch functions disabled, a scripted or compiled function, a custom op that does not declare the "
+        "write). Record with reuse=False: every tensor is then read at its call"
+    )
 
 
 def _writes(inplace: bool, kwargs: dict | None) -> bool:
@@ -805,7 +795,7 @@ class _Recorder:
                 states = _states(op)
                 written = [] if states is None else [t for n in states if isinstance(t := args.get(n), torch.Tensor)]
                 if states is None or written and tr._sink.queues_any(written):
-                    tr._flush()
+                    tr._sink.flush()
         tr._open(LAB_OP, name, op, module, parent, decision.name, lo, described)
         self._push(_Frame(index, LAB_OP, op, module, layout))
 
@@ -859,7 +849,7 @@ class _Recorder:
         with _quiet():
             inputs = [*_tensors(args, "args"), *_tensors({k: v for k, v in kwargs.items() if k != "out"}, "kwargs")]
             tr._hash(inputs, layout, -1, index)
-            tr._flush()  # the reads queued so far see the bits before this write
+            tr._sink.flush()  # the reads queued so far see the bits before this write
         self._open_function(name, lo)
         try:
             out = func(*args, **kwargs)
@@ -896,7 +886,7 @@ class _FunctionMode(TorchFunctionMode):
         if rec.module_depth == 0 or rec.labop_depth > 0:
             if rec.defer and _writes(_function_info(func)[1], kwargs):
                 with _quiet():
-                    rec.trace._flush()
+                    rec.trace._sink.flush()
             return func(*args, **kwargs)
         return rec.function(func, args, kwargs)
 
@@ -1027,9 +1017,11 @@ def record(
     for name, flag in (("keep_calls", keep_calls), ("reuse", reuse)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: expected true or false, got {flag!r}")
-    trace = Trace(level, layout, HashSink(hash_impl, defer=level == "ops" and reuse), reuse)
+    calls: list[tuple] = []
+    sink = HashSink(hash_impl, defer=level == "ops" and reuse, describe=functools.partial(_stale_reads, calls))
+    trace = Trace(level, layout, sink, reuse, calls)
     with contextlib.ExitStack() as stack:
-        stack.callback(trace._flush)  # last: the reads still queued run once nothing records
+        stack.callback(trace._sink.flush)  # last: the reads still queued run once nothing records
         stack.enter_context(_collector_paused())
         rec = _Recorder(model, trace, keep_calls)
         stack.callback(rec.close)

@@ -474,18 +474,26 @@ def test_ops_level_reads_queued_until_a_write_give_the_hashes_read_at_each_call(
     assert [r.path for r in custom.outputs] == ["out[0]"]  # the argument its schema writes
     assert _hashes(queued) == _hashes(each) == _hashes(ref)
     # the control: reads left queued past the writes find their tensors' version counters moved
-    from gdn_lab.trace.hashing import StaleReadError
+    from gdn_lab.trace.hashing import HashSink, StaleReadError
 
-    monkeypatch.setattr(type(queued), "_flush", lambda self: None)
-    late, _ = _writes_run(device, hash_impl="triton")
-    with pytest.raises(StaleReadError) as caught:
+    with monkeypatch.context() as m:
+        m.setattr(HashSink, "flush", lambda self: None)
+        late, _ = _writes_run(device, hash_impl="triton")
+    with pytest.raises(StaleReadError, match="reuse=False") as caught:
         _ = late.entries  # reading the entries runs the queued reads
     written = {late._calls[index][1] for index, _ in caught.value.tags}
     assert {"act.F.silu", "Writes.Tensor.add_", "Writes.Tensor.mul"} <= written, written
 
 
 @needs_triton
-def test_a_write_the_recorder_cannot_see_fails_the_recording_unless_every_read_is_at_its_call(device):
+@pytest.mark.parametrize("flush_at", [32, 3], ids=["at-the-end", "inside-the-forward"])
+def test_a_write_the_recorder_cannot_see_fails_the_recording_unless_every_read_is_at_its_call(
+    flush_at, monkeypatch, device
+):
+    from gdn_lab.trace import hashing
+
+    monkeypatch.setattr(hashing._Arena, "FLUSH_AT", flush_at)  # 3: the cap runs it at y * 2.0, in the forward
+
     class Hidden(nn.Module):
         def forward(self, x):
             y = torch.sin(x)
