@@ -391,12 +391,12 @@ class HashSink:
     thousands per forward, which the cyclic garbage collector would otherwise scan.
     """
 
-    def __init__(self, impl: str = "auto", defer: bool = False, describe: Callable[[list], str] | None = None) -> None:
+    def __init__(self, impl: str = "auto", defer: bool = False) -> None:
         if impl not in IMPLS:
             raise ValueError(f"hash_impl: {impl!r} is not accepted; expected one of {', '.join(map(repr, IMPLS))}")
         self.impl = impl
         self.defer = defer  # Triton arenas queue their reads until `flush` (`_Arena`)
-        self.describe = describe  # the message of a StaleReadError from its reads' tags
+        self.describe: Callable[[list], str] | None = None  # a StaleReadError's message from its reads' tags
         self.n_slots = 1
         self.kinds: list[RowsKind] = []
         self.starts: list[int] = []

@@ -210,9 +210,7 @@ class Trace:
     are matched between traces by (step, name, call_index).
     """
 
-    def __init__(
-        self, level: str, layout: Layout, sink: HashSink, reuse: bool = True, calls: list[tuple] | None = None
-    ) -> None:
+    def __init__(self, level: str, layout: Layout, sink: HashSink, reuse: bool = True) -> None:
         self.level = level
         self._reuse = reuse
         # id, or for a view (its base's id, pointer, shape, strides) -> (call index when read, weakref
@@ -230,7 +228,8 @@ class Trace:
         # description); its outputs' range when it returned (None until then); the calls that
         # raised. A hashed tensor is a use of the sink (its kind, arena row and slots) with its
         # path here, at the same index.
-        self._calls: list[tuple] = [] if calls is None else calls
+        self._calls: list[tuple] = []
+        sink.describe = functools.partial(_stale_reads, self._calls)  # a queued read's tag -> its call
         self._outs: list[tuple[int, int] | None] = []
         self._errors: set[int] = set()
         self._paths: list[str] = []
@@ -794,7 +793,7 @@ class _Recorder:
             if self.defer:  # its kernels write its state pools, unseen by version counters
                 states = _states(op)
                 written = [] if states is None else [t for n in states if isinstance(t := args.get(n), torch.Tensor)]
-                if states is None or written and tr._sink.queues_any(written):
+                if states is None or (written and tr._sink.queues_any(written)):
                     tr._sink.flush()
         tr._open(LAB_OP, name, op, module, parent, decision.name, lo, described)
         self._push(_Frame(index, LAB_OP, op, module, layout))
@@ -1017,9 +1016,7 @@ def record(
     for name, flag in (("keep_calls", keep_calls), ("reuse", reuse)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: expected true or false, got {flag!r}")
-    calls: list[tuple] = []
-    sink = HashSink(hash_impl, defer=level == "ops" and reuse, describe=functools.partial(_stale_reads, calls))
-    trace = Trace(level, layout, sink, reuse, calls)
+    trace = Trace(level, layout, HashSink(hash_impl, defer=level == "ops" and reuse), reuse)
     with contextlib.ExitStack() as stack:
         stack.callback(trace._sink.flush)  # last: the reads still queued run once nothing records
         stack.enter_context(_collector_paused())
