@@ -485,6 +485,66 @@ def test_ops_level_reads_queued_until_a_write_give_the_hashes_read_at_each_call(
     assert {"act.F.silu", "Writes.Tensor.add_", "Writes.Tensor.mul"} <= written, written
 
 
+class RandomWrites(nn.Module):
+    """A forward drawn from a seed: functional calls and writes of every kind the recorder sees,
+    on fresh tensors, earlier ones and views of them, inside child modules or not."""
+
+    STEPS = ("sin", "matmul", "cat", "add_", "setitem", "view_add_", "schema", "inplace", "out", "child")
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.seed = seed
+        self.child = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed)  # the same forward at every call
+        live = [x.clone()]
+        for _ in range(12):
+            step = self.STEPS[int(torch.randint(len(self.STEPS), (1,), generator=g))]
+            t = live[int(torch.randint(len(live), (1,), generator=g))]  # any tensor made so far
+            if step == "sin":
+                live.append(torch.sin(t))
+            elif step == "matmul":
+                live.append(t @ torch.full((4, 4), 0.25, device=t.device))
+            elif step == "cat":
+                live.append(torch.cat([t[:2], t[1:]])[: t.shape[0]])
+            elif step == "add_":
+                t.add_(0.5)
+            elif step == "setitem":
+                t[int(torch.randint(t.shape[0], (1,), generator=g))] = 2.0
+            elif step == "view_add_":  # a write through a view reaches every queued read of its base
+                t.t()[1:].mul_(1.5)
+            elif step == "schema":
+                torch.ops.aten.mul_.Scalar(t, -1.0)
+            elif step == "inplace":
+                F.relu(t, inplace=True)
+            elif step == "out":
+                torch.add(t, 1.0, out=t)
+            else:
+                live.append(self.child(t))
+        return torch.stack(live).sum(0)
+
+
+@needs_triton
+@pytest.mark.parametrize("flush_at", [3, 32])
+@pytest.mark.parametrize("seed", range(4))
+def test_queued_reads_hash_what_each_call_saw_on_random_forwards(seed, flush_at, monkeypatch, device):
+    # Writes drawn at random positions against reads queued at random depths (a cap of 3 flushes
+    # between them too): every hash must be the one read at its call.
+    from gdn_lab.trace import hashing
+
+    monkeypatch.setattr(hashing._Arena, "FLUSH_AT", flush_at)
+    lay, x = Layout.per_request([0, 1, 2]), torch.randn(3, 4, device=device)
+    model, traces = RandomWrites(seed).to(device), {}
+    for reuse in (True, False):
+        with torch.no_grad(), record(model, lay, level="ops", hash_impl="triton", reuse=reuse) as traces[reuse]:
+            model(x)
+    queued, each = traces[True], traces[False]
+    assert queued.n_flush > 0 and each.n_flush == 0
+    assert [(e.name, e.kind) for e in queued.entries] == [(e.name, e.kind) for e in each.entries]
+    assert _hashes(queued) == _hashes(each)
+
+
 @needs_triton
 @pytest.mark.parametrize("flush_at", [32, 3], ids=["at-the-end", "inside-the-forward"])
 def test_a_write_the_recorder_cannot_see_fails_the_recording_unless_every_read_is_at_its_call(
