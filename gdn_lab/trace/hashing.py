@@ -160,19 +160,17 @@ def resolve_impl(impl: str, device: torch.device) -> str:
 
 
 @functools.cache
-def _triton_row_values() -> Any:
+def _triton_hash() -> Any:
     # imported on first use (it imports triton); cached: the import statement costs a microsecond per hashed tensor
-    from gdn_lab.trace.triton_hash import row_values_triton
+    from gdn_lab.trace import triton_hash
 
-    return row_values_triton
+    return triton_hash
 
 
 def row_values_many(items: list[tuple[torch.Tensor, int, int, torch.Tensor, int]]) -> None:
     """The Triton row stage of many tensors at once: each (words, r, f, out, offset) as
     `row_values(words, r, f, "triton", out, offset)` (`triton_hash.row_values_many`)."""
-    from gdn_lab.trace.triton_hash import row_values_many as many
-
-    many(items)
+    _triton_hash().row_values_many(items)
 
 
 def row_values(words: torch.Tensor, r: int, f: int, impl: str, out: torch.Tensor, offset: int = 0) -> None:
@@ -180,7 +178,7 @@ def row_values(words: torch.Tensor, r: int, f: int, impl: str, out: torch.Tensor
     words (`_words`: R rows of F; contiguous integers, or for "triton" a `_TRITON_AS_IS` tensor of
     any strides)."""
     if impl == "triton":
-        _triton_row_values()(words, r, f, out, offset)
+        _triton_hash().row_values_triton(words, r, f, out, offset)
         return
     # Promotes the words to int64 and adds each column's step in one op, into a new tensor (the
     # in-place mixing below must never reach the caller's int64 tensor).
@@ -429,16 +427,16 @@ class HashSink:
     def queues_any(self, tensors: list[torch.Tensor]) -> bool:
         """Whether a queued read's tensor lies in the storage of one of `tensors`: a write to them
         could change its bits before it is read."""
-        spans = []
-        for t in tensors:
-            storage = t.untyped_storage()
-            lo = storage.data_ptr()
-            spans.append((t.device, lo, lo + storage.nbytes()))
         for arena in self._arenas.values():
-            for words, *_ in arena.queue or ():
-                ptr = words.data_ptr()
-                if any(lo <= ptr < hi and device == arena.device for device, lo, hi in spans):
-                    return True
+            spans = [
+                (storage.data_ptr(), storage.data_ptr() + storage.nbytes())
+                for storage in (t.untyped_storage() for t in tensors if t.device == arena.device)
+            ]
+            if spans and arena.queue:
+                for words, *_ in arena.queue:
+                    ptr = words.data_ptr()
+                    if any(lo <= ptr < hi for lo, hi in spans):
+                        return True
         return False
 
     def slots(self, n: int) -> int:

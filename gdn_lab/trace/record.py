@@ -565,7 +565,10 @@ def _states(op: str) -> tuple[str, ...] | None:
     with no spec, whose writes are unknown."""
     from gdn_lab.ops import spec
 
-    return spec.get(op).states if op in spec.names() else None
+    try:
+        return spec.get(op).states
+    except ValueError:  # not a registered op
+        return None
 
 
 def _stale_reads(calls: list[tuple], tags: list[tuple[int, str]]) -> str:
@@ -793,8 +796,9 @@ class _Recorder:
             tr._hash([item for p, v in plain for item in _tensors(v, p)], layout, -1, index)
             if self.defer:  # its kernels write its state pools, unseen by version counters
                 states = _states(op)
-                written = [] if states is None else [t for n in states if isinstance(t := args.get(n), torch.Tensor)]
-                if states is None or (written and tr._sink.queues_any(written)):
+                if states is None or tr._sink.queues_any(
+                    [t for name in states if isinstance(t := args.get(name), torch.Tensor)]
+                ):
                     tr._sink.flush()
         tr._open(LAB_OP, name, op, module, parent, decision.name, lo, described)
         self._push(_Frame(index, LAB_OP, op, module, layout))
