@@ -143,10 +143,11 @@ def as_words(t: torch.Tensor, view: torch.dtype | None, cplx: bool) -> torch.Ten
     return t.view(view)
 
 
-def resolve_impl(impl: str, device: torch.device) -> str:
-    """ "torch" or "triton" for `impl` ("auto": Triton on CUDA/ROCm devices when it runs there)."""
+def resolve_impl(impl: str, device: torch.device, name: str = "impl") -> str:
+    """ "torch" or "triton" for `impl` ("auto": Triton on CUDA/ROCm devices when it runs there);
+    errors name the parameter `name`."""
     if impl not in IMPLS:
-        raise ValueError(f"impl: {impl!r} is not accepted; expected one of {', '.join(map(repr, IMPLS))}")
+        raise ValueError(f"{name}: {impl!r} is not accepted; expected one of {', '.join(map(repr, IMPLS))}")
     if impl == "torch":
         return impl
     from gdn_lab.device import triton_mode
@@ -154,7 +155,7 @@ def resolve_impl(impl: str, device: torch.device) -> str:
     mode, reason = triton_mode(device)
     if impl == "triton":
         if mode is None:
-            raise ValueError(f"impl: 'triton' cannot run on {device}: {reason}")
+            raise ValueError(f"{name}: 'triton' cannot run on {device}: {reason}")
         return impl
     return "triton" if mode == "gpu" else "torch"
 
@@ -444,6 +445,16 @@ class HashSink:
         self.n_slots += n
         return base
 
+    def impl_on(self, device: torch.device) -> str:
+        """The row stage `device`'s tensors get. "triton" where Triton cannot run (a CPU tensor a
+        GPU model makes, without TRITON_INTERPRET) is torch's there, which gives the same hashes:
+        a side tensor must not fail a forward that is being recorded."""
+        if self.impl == "triton":
+            from gdn_lab.device import triton_mode
+
+            return "triton" if triton_mode(device)[0] else "torch"
+        return resolve_impl(self.impl, device)
+
     def arena(self, device: torch.device) -> _Arena:
         """The arena of `device`, where its tensors' rows are read."""
         last = self._last
@@ -451,7 +462,7 @@ class HashSink:
             return last
         arena = self._arenas.get(device)
         if arena is None:
-            arena = self._arenas[device] = _Arena(device, resolve_impl(self.impl, device), self.defer, self.describe)
+            arena = self._arenas[device] = _Arena(device, self.impl_on(device), self.defer, self.describe)
         self._last = arena
         return arena
 

@@ -68,6 +68,7 @@ import contextlib
 import copy
 import functools
 import gc
+import itertools
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from gdn_lab import routing
 from gdn_lab.checks import dtype_name
-from gdn_lab.trace.hashing import HashSink, RowsKind, as_words, words_signature, words_view
+from gdn_lab.trace.hashing import HashSink, RowsKind, as_words, resolve_impl, words_signature, words_view
 from gdn_lab.trace.layout import PADDED, UNALIGNED, Layout
 from gdn_lab.trace.op_views import RowsView, describe_call, split_args
 
@@ -981,7 +982,10 @@ def record(
             forward calls with `trace.set_layout` or `trace.step`.
         level: "modules" (module calls) or "ops" (also torch functions inside the model's modules
             and every gdn_lab.ops call in the block, with the backend that ran).
-        hash_impl: "auto", "torch" or "triton" (see `row_hashes`).
+        hash_impl: "auto", "torch" or "triton" (see `row_hashes`). "triton" must run on the
+            model's device (its first parameter's or buffer's); a tensor on a device where it
+            cannot (a CPU tensor of a GPU model, without TRITON_INTERPRET) is hashed with torch,
+            to the same hash.
         keep_calls: keep, for every lab-op entry, a cheap description of its arguments
             (`Entry.call`: shapes, dtypes and copies of the small integer tensors such as seq_lens,
             never the large tensors), so a backend's dispatch rule can later predict the launch.
@@ -996,7 +1000,8 @@ def record(
         The Trace, filled as the model runs; read it (entries, `diff`) after the block.
 
     Raises:
-        ValueError: model is not an nn.Module, layout not a Layout, or level/hash_impl not accepted.
+        ValueError: model is not an nn.Module, layout not a Layout, level/hash_impl not accepted,
+            or hash_impl="triton" cannot run on the model's device.
         RuntimeError: (at a flush, the block's end at the latest) a tensor whose read was queued was
             written in place by a call the recorder did not see.
 
@@ -1021,7 +1026,11 @@ def record(
     for name, flag in (("keep_calls", keep_calls), ("reuse", reuse)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: expected true or false, got {flag!r}")
-    trace = Trace(level, layout, HashSink(hash_impl, defer=level == "ops" and reuse), reuse)
+    sink = HashSink(hash_impl, defer=level == "ops" and reuse)
+    state = next(itertools.chain(model.parameters(), model.buffers()), None)
+    if state is not None:
+        resolve_impl(hash_impl, state.device, "hash_impl")  # a clear error before anything runs
+    trace = Trace(level, layout, sink, reuse)
     with contextlib.ExitStack() as stack:
         stack.callback(trace._sink.flush)  # last: the reads still queued run once nothing records
         stack.enter_context(_collector_paused())

@@ -4,6 +4,7 @@ import copy
 import importlib
 import inspect
 import pickle
+import random
 
 import pytest
 import torch
@@ -497,11 +498,12 @@ class RandomWrites(nn.Module):
         self.child = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed)  # the same forward at every call
+        # the same forward at every call; drawn in Python, so the draws are no torch calls to record
+        g = random.Random(self.seed)
         live = [x.clone()]
         for _ in range(12):
-            step = self.STEPS[int(torch.randint(len(self.STEPS), (1,), generator=g))]
-            t = live[int(torch.randint(len(live), (1,), generator=g))]  # any tensor made so far
+            step = g.choice(self.STEPS)
+            t = g.choice(live)  # any tensor made so far
             if step == "sin":
                 live.append(torch.sin(t))
             elif step == "matmul":
@@ -511,7 +513,7 @@ class RandomWrites(nn.Module):
             elif step == "add_":
                 t.add_(0.5)
             elif step == "setitem":
-                t[int(torch.randint(t.shape[0], (1,), generator=g))] = 2.0
+                t[g.randrange(t.shape[0])] = 2.0
             elif step == "view_add_":  # a write through a view reaches every queued read of its base
                 t.t()[1:].mul_(1.5)
             elif step == "schema":
@@ -631,6 +633,46 @@ def test_bad_arguments_are_rejected(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match), record(**args):
         pass
+
+
+def _no_triton_on_the_cpu(monkeypatch) -> None:
+    """Triton runs nowhere but on a GPU, as on a GPU machine without TRITON_INTERPRET."""
+    from gdn_lab import device as lab_device
+
+    real = lab_device.triton_mode
+    monkeypatch.setattr(
+        lab_device, "triton_mode", lambda d=None: real(d) if torch.device(d).type == "cuda" else (None, "patched")
+    )
+
+
+def test_triton_hashing_that_cannot_run_on_the_models_device_is_refused_before_the_forward(monkeypatch):
+    _no_triton_on_the_cpu(monkeypatch)
+    net = nn.Linear(4, 4)  # on the CPU
+    refused = pytest.raises(ValueError, match="hash_impl: 'triton' cannot run on cpu: patched")
+    with refused, record(net, Layout.per_request([0]), hash_impl="triton"):
+        raise AssertionError("the block ran")
+
+
+@needs_triton
+def test_a_side_tensor_where_triton_cannot_run_is_hashed_with_torch(monkeypatch, device):
+    # A forward on the test device makes a CPU tensor: hashed with torch there, to the hash torch
+    # gives everywhere, instead of failing the recorded forward. (No parameters: on the CPU suite
+    # the model's own device is then one Triton cannot run on either, and nothing refuses it.)
+    _no_triton_on_the_cpu(monkeypatch)
+
+    class Side(nn.Module):
+        def forward(self, x):
+            rows = torch.arange(x.shape[0], dtype=x.dtype) * 0.5  # made on the CPU
+            return torch.sin(x) + rows.to(x.device)[:, None]
+
+    model, x = Side(), torch.randn(3, 4, device=device)
+    traces = {}
+    for impl in ("triton", "torch"):
+        with torch.no_grad(), record(model, Layout.per_request([0, 1, 2]), level="ops", hash_impl=impl) as traces[impl]:
+            model(x)
+    impls = {d.type: arena.impl for d, arena in traces["triton"]._sink._arenas.items()}
+    assert impls == {"cpu": "torch", **({"cuda": "triton"} if device.type == "cuda" else {})}
+    assert _hashes(traces["triton"]) == _hashes(traces["torch"])
 
 
 def test_a_hugging_face_model_built_from_a_config():
