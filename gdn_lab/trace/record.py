@@ -683,11 +683,13 @@ class _Frame:
 class _Recorder:
     """The module wrappers' calls, the function mode and the lab-op observer of one `record` block."""
 
-    def __init__(self, model: torch.nn.Module, trace: Trace, keep_calls: bool = False) -> None:
+    def __init__(
+        self, root: str, modules: list[tuple[str, torch.nn.Module]], trace: Trace, keep_calls: bool = False
+    ) -> None:
         self.trace = trace
         self.keep_calls = keep_calls
-        self.root = type(model).__name__
-        self.modules = list(model.named_modules())  # the model's modules when the block began
+        self.root = root  # the model's class name: its own calls' name
+        self.modules = modules  # (path, module) of the model's modules when the block began
         self.closed = False
         self.frames: list[_Frame] = []
         self.module_depth = 0
@@ -896,6 +898,16 @@ class _FunctionMode(TorchFunctionMode):
         return rec.function(func, args, kwargs)
 
 
+def _state_device(modules: list[tuple[str, torch.nn.Module]]) -> torch.device | None:
+    """The device of the first parameter or buffer of `modules` (None: they hold none). Not
+    `model.parameters()`: without parameters it walks every module, then again for the buffers."""
+    for _, m in modules:
+        for t in itertools.chain(m._parameters.values(), m._buffers.values()):
+            if t is not None:
+                return t.device
+    return None
+
+
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off inside the block, back as it was after.
@@ -1027,14 +1039,15 @@ def record(
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: expected true or false, got {flag!r}")
     sink = HashSink(hash_impl, defer=level == "ops" and reuse)
-    state = next(itertools.chain(model.parameters(), model.buffers()), None)
-    if state is not None:
-        resolve_impl(hash_impl, state.device, "hash_impl")  # a clear error before anything runs
+    modules = list(model.named_modules())  # the model's modules when the block began
+    device = _state_device(modules)
+    if device is not None:
+        resolve_impl(hash_impl, device, "hash_impl")  # a clear error before anything runs
     trace = Trace(level, layout, sink, reuse)
     with contextlib.ExitStack() as stack:
         stack.callback(trace._sink.flush)  # last: the reads still queued run once nothing records
         stack.enter_context(_collector_paused())
-        rec = _Recorder(model, trace, keep_calls)
+        rec = _Recorder(type(model).__name__, modules, trace, keep_calls)
         stack.callback(rec.close)
         stack.enter_context(_module_calls(rec))
         if level == "ops":
