@@ -213,6 +213,15 @@ def _strides(t: torch.Tensor) -> tuple[int, tuple[int, ...]] | None:
 _CONTIGUOUS = (0, (1, 1, 1, 1, 1, 1))  # TRAILING 0: the strides are not read
 
 
+def _addressed(words: torch.Tensor) -> tuple[torch.Tensor, tuple[int, tuple[int, ...]]]:
+    """(the words a kernel reads, their (TRAILING, strides)): the tensor in place where `_strides`
+    addresses it, else a contiguous copy."""
+    layout = _CONTIGUOUS if words.is_contiguous() else _strides(words)
+    if layout is None:
+        return words.contiguous(), _CONTIGUOUS
+    return words, layout
+
+
 def row_values_triton(words: torch.Tensor, r: int, f: int, out: torch.Tensor, offset: int = 0) -> None:
     """out[offset + i] = sum_j mix(words[i][j] + (j + 1) * G) for rows i < r, as `hashing.row_values`.
 
@@ -226,10 +235,7 @@ def row_values_triton(words: torch.Tensor, r: int, f: int, out: torch.Tensor, of
             COLS_PER_PROGRAM add into it).
         offset: the first row's element of out.
     """
-    layout = _CONTIGUOUS if words.is_contiguous() else _strides(words)
-    if layout is None:
-        words, layout = words.contiguous(), _CONTIGUOUS
-    trailing, strides = layout
+    words, (trailing, strides) = _addressed(words)
     grid, n_iter, block_r, block_f, split = _launch_config(r, f)
     word = _WORD[words.element_size()]
     args = (words, out, offset, r, f, n_iter, *strides, word, trailing, block_r, block_f, split)
@@ -260,18 +266,15 @@ def row_values_many(items: Sequence[tuple[torch.Tensor, int, int, torch.Tensor, 
         words, r, f, out, offset = item
         if not r or not f:  # no words: the rows' values are the zeros out holds
             continue
-        layout = _CONTIGUOUS if words.is_contiguous() else _strides(words)
-        if layout is None:  # more than 3 trailing strides: a contiguous copy, read in this launch
-            words = words.contiguous()
-            item, layout = (words, r, f, out, offset), _CONTIGUOUS
-        trailing, (s0, d2, d3, s1, s2, s3) = layout
+        # in place, or (more than 3 trailing strides) a contiguous copy read in this launch
+        words, (trailing, (s0, d2, d3, s1, s2, s3)) = _addressed(words)
         if trailing == 0:  # contiguous: one dim of f words at stride 1
             trailing, s0, d3, s3 = 1, f, f, 1
         grid, n_iter, block_r, block_f, _ = _launch_config(r, f)
         row = [grid[0] * grid[1], 0, words.data_ptr(), out.data_ptr() + 8 * offset, r, f, n_iter, grid[1],
                words.element_size(), s0, d2, d3, s1, s2, s3]  # fmt: skip
         classes.setdefault((1 if trailing == 1 else 3, block_r, block_f), []).append(row)
-        shared.append(item)
+        shared.append((words, r, f, out, offset))
     if len(shared) <= 1:  # none, or one tensor: its own launch, no table
         for item in shared:
             row_values_triton(*item)
