@@ -182,7 +182,9 @@ def _launch_config(r: int, f: int) -> tuple[tuple[int, int, int], int, int, int,
     """(grid, n_iter, BLOCK_R, BLOCK_F, SPLIT) for r rows of f words: a recorder hashes the same
     few shapes hundreds of times per forward."""
     block_f = pow2_at_least(max(f, 1), floor=1) if f < MAX_BLOCK_F else MAX_BLOCK_F
-    block_r = max(1, min(64, MAX_TILE // block_f))
+    # no more tile rows than rows: a [B, ...] tensor at batch 1 is one row, and a second tile row
+    # would mask half the lanes of a kernel bound by its integer math
+    block_r = max(1, min(64, MAX_TILE // block_f, pow2_at_least(max(r, 1), floor=1)))
     row_blocks = -(-r // block_r)
     tiles = -(-f // block_f)
     wanted = -(-MIN_PROGRAMS // row_blocks) if 0 < row_blocks < SPLIT_BELOW else 1

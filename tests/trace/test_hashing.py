@@ -80,6 +80,7 @@ def test_triton_kernel_matches_the_torch_path(dtype, device):
         ((9, 37), LAYOUT),
         ((3, 2100), Layout.per_request([1, 2, 3])),
         ((2, 40000), Layout.per_request([1, 2])),
+        ((1, 40000), Layout.per_request([7])),  # batch 1: a tile of one row
         ((9,), LAYOUT),
     )
     for shape, layout in cases:
@@ -126,6 +127,18 @@ def small_splits(monkeypatch):
     triton_hash._launch_config.cache_clear()
     yield triton_hash
     triton_hash._launch_config.cache_clear()
+
+
+@needs_triton
+@pytest.mark.parametrize("f", [16, 3000, 40000])
+def test_a_tile_takes_no_more_rows_than_the_tensor_has(f):
+    # A second tile row for a one-row tensor (a [B, ...] tensor at batch 1) masks half the lanes.
+    from gdn_lab.trace.triton_hash import MAX_TILE, _launch_config
+
+    for r in (1, 2, 3, 5, 64, 1000):
+        _, _, block_r, block_f, _ = _launch_config(r, f)
+        assert block_r <= max(1, 1 << (r - 1).bit_length()) and block_r * block_f <= MAX_TILE, (r, f)
+    assert _launch_config(1, f)[2] == 1 and _launch_config(1000, f)[2] == _launch_config(10**6, f)[2]  # no cap there
 
 
 @needs_triton
