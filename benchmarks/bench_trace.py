@@ -59,6 +59,7 @@ MODES = ("plain", "modules", "ops", "modules-host", "ops-host", "debugmode")
 HOST_ONLY = "-host"  # the suffix of a mode whose row stage is a no-op
 TARGETS = {"modules": 1.5, "ops": 3.0}
 MODEL_NAMES = {"lab": "lab-qwen3-next-tp4", "hf": "hf-qwen3"}
+HF_VOCAB = 151936  # Qwen3Config's default vocabulary
 
 # A workload: (layout, setup() -> per-repetition state, forward(state, trace) -> output)
 Workload = tuple[Any, Callable[[], Any] | None, Callable[[Any, Any], Any]]
@@ -77,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--inference-mode", action="store_true", help="every forward under torch.inference_mode (default: no_grad)"
     )
-    p.add_argument("--hf-vocab", type=int, default=151936, help="vocabulary of the HF Qwen3 (its config default)")
+    p.add_argument("--hf-vocab", type=int, default=HF_VOCAB, help="vocabulary of the HF Qwen3 (its config default)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3; smoke 1)")
     p.add_argument("--reps", type=int, default=None, help="timed calls (default 10; smoke 5)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; smoke 1)")
@@ -215,20 +216,24 @@ def _runner(mode: str, model, work: Workload, hash_impl: str, last: dict[str, An
 
 
 @contextlib.contextmanager
-def row_stage_skipped(skip: bool) -> Iterator[None]:
-    """Inside the block, when `skip`, hashing reads no tensor: the row stage is a no-op."""
-    if not skip:
-        yield
-        return
+def row_stage_as(one: Callable[..., None], many: Callable[[list], None]) -> Iterator[None]:
+    """Inside the block, the row stage's two entry points, `hashing.row_values` (one tensor) and
+    `hashing.row_values_many` (a batch), are `one` and `many`."""
     from gdn_lab.trace import hashing
 
     real = hashing.row_values, hashing.row_values_many
-    hashing.row_values = lambda words, r, f, impl, out, offset=0: None
-    hashing.row_values_many = lambda items: None
+    hashing.row_values, hashing.row_values_many = one, many
     try:
         yield
     finally:
         hashing.row_values, hashing.row_values_many = real
+
+
+def row_stage_skipped(skip: bool) -> contextlib.AbstractContextManager[None]:
+    """Inside the block, when `skip`, hashing reads no tensor: the row stage is a no-op."""
+    if not skip:
+        return contextlib.nullcontext()
+    return row_stage_as(lambda words, r, f, impl, out, offset=0: None, lambda items: None)
 
 
 def profile_host(run: Callable[[Any], None], setup: Callable[[], Any] | None, title: str, top: int = 15) -> None:

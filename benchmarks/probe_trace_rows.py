@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_trace  # noqa: E402
 from bench_common import add_device_option, bench_device, fingerprinted, time_eager_interleaved, write_csv  # noqa: E402
 
 CSV = "probe_trace_rows.csv"
@@ -53,13 +54,18 @@ def recorded_reads(model, layout, forward: Callable, level: str) -> list[list[Re
         batches.append([item[:3] for item in items])
         many(items)
 
-    hashing.row_values, hashing.row_values_many = spy_one, spy_many
-    try:
-        with record(model, layout, level=level, hash_impl="triton") as trace:
-            forward(None, trace)
-    finally:
-        hashing.row_values, hashing.row_values_many = one, many
+    with bench_trace.row_stage_as(spy_one, spy_many), record(model, layout, level=level, hash_impl="triton") as trace:
+        forward(None, trace)
     return batches
+
+
+def use_rule(fit: bool) -> None:
+    """The tile rule `triton_hash._launch_config` follows from now on (`FIT_ROWS`)."""
+    from gdn_lab.trace import triton_hash
+
+    if triton_hash.FIT_ROWS is not fit:
+        triton_hash.FIT_ROWS = fit
+        triton_hash._launch_config.cache_clear()
 
 
 def replay(batches: list[list[Read]], device: torch.device) -> tuple[Callable[[bool], None], torch.Tensor]:
@@ -69,9 +75,7 @@ def replay(batches: list[list[Read]], device: torch.device) -> tuple[Callable[[b
     out = torch.zeros(sum(r for b in batches for _, r, _ in b) + 1, dtype=torch.int64, device=device)
 
     def run(fit: bool) -> None:
-        if triton_hash.FIT_ROWS is not fit:
-            triton_hash.FIT_ROWS = fit
-            triton_hash._launch_config.cache_clear()
+        use_rule(fit)
         out.zero_()
         offset = 0
         for batch in batches:
@@ -98,7 +102,7 @@ def measure(batches: list[list[Read]], device: torch.device, warmup: int, reps: 
         {rule: (lambda _, fit=fit: run(fit)) for rule, fit in RULES.items()}, device, warmup=warmup, reps=reps
     )
     same = torch.equal(values["fit"], values["fixed"])
-    run(True)  # this tree's rule again, for the recordings that follow
+    use_rule(True)  # this tree's rule again, for the recordings that follow
     return {rule: (statistics.median(ms), same) for rule, ms in times.items()}
 
 
@@ -125,11 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = bench_device(args)  # before any kernel module is imported
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import bench_trace
-
     from gdn_lab.environment import fingerprint
 
-    model, workload, _, _ = bench_trace.hf_model(argparse.Namespace(smoke=args.smoke, hf_vocab=151936), device)
+    hf = argparse.Namespace(smoke=args.smoke, hf_vocab=bench_trace.HF_VOCAB)
+    model, workload, _, _ = bench_trace.hf_model(hf, device)
     fp = fingerprint(device)
     rows = []
     print(f"{'shape':>8} {'level':8} {'reads':32} {'n':>4} {'M words':>8} {'fit ms':>8} {'fixed ms':>9} same")

@@ -449,11 +449,10 @@ class HashSink:
         """The row stage `device`'s tensors get. "triton" where Triton cannot run (a CPU tensor a
         GPU model makes, without TRITON_INTERPRET) is torch's there, which gives the same hashes:
         a side tensor must not fail a forward that is being recorded."""
-        if self.impl == "triton":
-            from gdn_lab.device import triton_mode
-
-            return "triton" if triton_mode(device)[0] else "torch"
-        return resolve_impl(self.impl, device)
+        try:
+            return resolve_impl(self.impl, device)
+        except ValueError:  # self.impl was accepted when the sink was made: Triton cannot run here
+            return "torch"
 
     def arena(self, device: torch.device) -> _Arena:
         """The arena of `device`, where its tensors' rows are read."""

@@ -1045,7 +1045,7 @@ def record(
         resolve_impl(hash_impl, device, "hash_impl")  # a clear error before anything runs
     trace = Trace(level, layout, sink, reuse)
     with contextlib.ExitStack() as stack:
-        stack.callback(trace._sink.flush)  # last: the reads still queued run once nothing records
+        stack.callback(sink.flush)  # last: the reads still queued run once nothing records
         stack.enter_context(_collector_paused())
         rec = _Recorder(type(model).__name__, modules, trace, keep_calls)
         stack.callback(rec.close)
