@@ -465,7 +465,8 @@ class Bench:
         Per B, with the inputs of one decode step (the same slots tensor every call, as a decode
         loop passes it), host microseconds per call of: `bare` (`_gdn_decode_kernel[grid](...)`
         with its arguments built beforehand: Triton's own launch), `compiled` (the compiled
-        kernel's launcher, `CompiledKernel.run`, with the same arguments: the floor), the wrapper
+        kernel's launcher, `CompiledKernel.run`, with the same arguments, and with the tensors
+        given as their data_ptr() ints as the wrapper gives them: the floors), the wrapper
         `gdn_decode_triton` with the cached launch and with `kernel[grid]`, and the public
         `gdn_decode(..., backend="triton")` and `backend="auto"` with full validation
         (check_indices=True). Each figure: median over rounds of a run of calls timed on the host
@@ -547,7 +548,16 @@ class Bench:
                 compiled.run(*grid, driver.active.get_current_stream(dev), compiled.function,
                              compiled.packed_metadata, None, None, None, *kargs)  # fmt: skip
 
+            # the same launch with the pointers as ints, as the wrapper passes them (`launch_cached`)
+            ptr_args = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in kargs)
+
+            def floor_ints():
+                dev = driver.active.get_current_device()
+                compiled.run(*grid, driver.active.get_current_stream(dev), compiled.function,
+                             compiled.packed_metadata, None, None, None, *ptr_args)  # fmt: skip
+
             runs["compiled launcher"] = floor
+            runs["compiled launcher (int pointers)"] = floor_ints
         return runs
 
     def _kernel_args(self, args: dict) -> tuple[tuple, tuple, int]:

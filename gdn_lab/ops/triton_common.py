@@ -91,7 +91,14 @@ _COMPILED: dict[tuple[int, Hashable, int], Any] = {}
 _COMPILED_MAX = 256
 
 
-def launch_cached(kernel: Any, grid: tuple[int, int, int], args: Sequence[Any], key: Hashable, **options: Any) -> None:
+def launch_cached(
+    kernel: Any,
+    grid: tuple[int, int, int],
+    args: Sequence[Any],
+    key: Hashable,
+    launch_args: Sequence[Any] | None = None,
+    **options: Any,
+) -> None:
     """`kernel[grid](*args, **options)`, through the compiled kernel's own launcher once compiled.
 
     Triton's `JITFunction.run` binds and specialises every argument, looks up its kernel cache and
@@ -109,6 +116,10 @@ def launch_cached(kernel: Any, grid: tuple[int, int, int], args: Sequence[Any], 
             constexpr values, the launch options, each tensor's dtype and 16-byte alignment, each
             specialised int's ==1 and divisibility by 16. A key that misses one of these could
             launch a kernel compiled for other arguments.
+        launch_args: args with each tensor given as its `data_ptr()`, for the compiled launcher
+            (default: args). Triton's launcher takes an int pointer as it is; a tensor costs it a
+            call of data_ptr() and a driver query of the pointer's attributes, per tensor and
+            launch. Used only once compiled: compiling needs the tensors.
         options: launch options (num_warps, ...), used when compiling.
     """
     active = driver.active
@@ -123,7 +134,8 @@ def launch_cached(kernel: Any, grid: tuple[int, int, int], args: Sequence[Any], 
             _COMPILED[(id(kernel), key, device)] = ck
         return
     stream = active.get_current_stream(device)
-    ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args)
+    ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None,
+           *(args if launch_args is None else launch_args))  # fmt: skip
 
 
 @dataclass(frozen=True)

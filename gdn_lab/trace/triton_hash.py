@@ -251,9 +251,10 @@ def row_values_triton(words: torch.Tensor, r: int, f: int, out: torch.Tensor, of
     # need 64 bits (unspecialised ints still type by range).
     wide = max(r, f, offset, *strides) > _INT32_MAX
     s0, s3 = strides[0], strides[-1]
+    p_words, p_out = words.data_ptr(), out.data_ptr()  # the launcher takes them as ints
     key = (block_r, block_f, split, trailing, s0 == 1, s0 % 16 == 0, s3 == 1, s3 % 16 == 0, words.dtype,
-           words.data_ptr() & 15 == 0, out.data_ptr() & 15 == 0, wide)  # fmt: skip
-    launch_cached(_row_values_kernel, grid, args, key)
+           p_words & 15 == 0, p_out & 15 == 0, wide)  # fmt: skip
+    launch_cached(_row_values_kernel, grid, args, key, (p_words, p_out, *args[2:]))
 
 
 def row_values_many(items: Sequence[tuple[torch.Tensor, int, int, torch.Tensor, int]]) -> None:
@@ -299,5 +300,6 @@ def row_values_many(items: Sequence[tuple[torch.Tensor, int, int, torch.Tensor, 
         return
     # pinned, so the copy is asynchronous (the host allocator keeps the block until it is done)
     table_t = torch.from_numpy(table).pin_memory().to(shared[0][3].device, non_blocking=True)
+    p_table = table_t.data_ptr()
     for grid, args in launches:
-        launch_cached(_row_values_many_kernel, grid, (table_t, *args), args[2:])
+        launch_cached(_row_values_many_kernel, grid, (table_t, *args), args[2:], (p_table, *args))

@@ -194,14 +194,15 @@ def gdn_decode_triton(
         return out
     # What the compilation depends on besides the device: constexprs and warps, the ten pointers'
     # dtypes (out's is q's) and whether all are 16-byte aligned (Triton specialises pointers on it;
-    # a misaligned one makes its own key).
+    # a misaligned one makes its own key). The launcher takes the pointers as ints.
     dtypes = (q.dtype, k.dtype, v.dtype, a.dtype, b.dtype, A_log.dtype, dt_bias.dtype, state.dtype, slots.dtype)
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(), A_log.data_ptr(),
+            dt_bias.data_ptr(), state.data_ptr(), slots.data_ptr(), out.data_ptr())  # fmt: skip
     aligned = (
-        q.data_ptr() | k.data_ptr() | v.data_ptr() | a.data_ptr() | b.data_ptr() | A_log.data_ptr()
-        | dt_bias.data_ptr() | state.data_ptr() | slots.data_ptr() | out.data_ptr()
-    ) & 15 == 0  # fmt: skip
-    key = (num_warps, consts, dtypes, aligned or tuple(t.data_ptr() & 15 for t in args[:10]))
-    launch_cached(_gdn_decode_kernel, grid, args, key, num_warps=num_warps)
+        ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6] | ptrs[7] | ptrs[8] | ptrs[9]
+    ) & 15 == 0
+    key = (num_warps, consts, dtypes, aligned or tuple(ptr & 15 for ptr in ptrs))
+    launch_cached(_gdn_decode_kernel, grid, args, key, (*ptrs, *args[10:]), num_warps=num_warps)
     return out
 
 
