@@ -741,6 +741,9 @@ class _Recorder:
         self.trace._errors.update(f.index for f in self.frames)
         self.frames.clear()
         self.module_depth = self.labop_depth = 0
+        # The function mode holds this recorder: a cycle that would keep the trace (its tables,
+        # its device arenas) alive until the cyclic collector runs, instead of until its last use.
+        self.mode = None
 
     # -- modules --
 

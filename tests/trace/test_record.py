@@ -1,10 +1,13 @@
 """record: what it sees (modules, functions, lab ops), when it hashes, and that it leaves nothing behind."""
 
+import contextlib
 import copy
+import gc
 import importlib
 import inspect
 import pickle
 import random
+import weakref
 
 import pytest
 import torch
@@ -371,6 +374,29 @@ def test_nothing_is_left_behind_after_an_exception():
     net[0](torch.randn(1, 3))  # hooks gone: nothing more is recorded
     matmul(torch.randn(2, 2), torch.randn(2, 2), backend="torch")  # observer gone
     assert len(tr) == n
+
+
+@pytest.mark.parametrize("level", ["modules", "ops"])
+@pytest.mark.parametrize("raises", [False, True], ids=["returns", "raises"])
+def test_a_trace_goes_with_its_last_reference_without_the_cyclic_collector(level, raises):
+    """Nothing the block leaves behind holds the trace in a reference cycle: its tables and device
+    arenas go when the caller drops it, not at the collector's next pass (level="ops" kept a
+    recorder <-> function mode cycle once)."""
+    net = Net()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with contextlib.suppress(RuntimeError), record(net, Layout.per_request([0, 1, 2]), level=level) as tr:
+            net(torch.randn(3, 4))
+            if raises:
+                raise RuntimeError("the forward fails")
+        assert len(tr.entries) > 1
+        trace, sink = weakref.ref(tr), weakref.ref(tr._sink)
+        del tr
+        assert trace() is None and sink() is None
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def test_a_model_called_while_an_exception_is_handled_records_normally():
