@@ -29,6 +29,11 @@ carries the environment fingerprint (`env_*`). Run from the repository root:
 
     python3 benchmarks/bench_trace.py --out OUT_DIR              # the H200 run (a few minutes)
     python3 benchmarks/bench_trace.py --out OUT_DIR --smoke      # tiny models on the CPU, seconds
+
+Where a mode's time goes: `--profile MODE` prints cProfile's top host functions over 5 forwards;
+`--timeline MODE` records 3 forwards with torch.profiler (OUT_DIR/timeline_*.json.gz, for
+chrome://tracing or Perfetto) and prints the device's busy time and the runtime calls, so a wait on
+the device (a synchronisation) shows.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -85,6 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--profile", default=None, help="also print the host functions that took longest in 5 forwards of this mode"
     )
+    p.add_argument(
+        "--timeline",
+        default=None,
+        help="also record 3 forwards of this mode with torch.profiler: a chrome trace in --out, and the "
+        "runtime calls (syncs among them) and device busy time printed",
+    )
     a = p.parse_args(argv)
     a.shapes = [
         tuple(int(x) for x in s.split("x"))
@@ -95,6 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [m for m in a.models if m not in MODELS] + [m for m in a.modes if m not in MODES]
     if bad:
         p.error(f"unknown model or mode {bad}; accepted models {MODELS}, modes {MODES}")
+    for name in ("profile", "timeline"):
+        if getattr(a, name) not in (None, *a.modes):
+            p.error(f"--{name}: {getattr(a, name)!r} is not among the modes run; accepted: {', '.join(a.modes)}")
     a.warmup = a.warmup if a.warmup is not None else (1 if a.smoke else 3)
     a.reps = a.reps if a.reps is not None else (5 if a.smoke else 10)
     # One thread for the CPU run: on a shared machine torch's OpenMP threads wait on each other and a
@@ -251,6 +266,37 @@ def profile_host(run: Callable[[Any], None], setup: Callable[[], Any] | None, ti
     pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
+def timeline(run: Callable[[Any], None], setup: Callable[[], Any] | None, device: torch.device, title: str,
+             path: Path) -> None:  # fmt: skip
+    """Record 3 calls of `run` with torch.profiler (host, and device on CUDA): write the chrome trace
+    to `path` and print the wall time, the device's busy time (its events' self time) and the
+    runtime API calls by total time. A device that is busy for much less than the wall time while
+    the recording still costs its row stage's device time points at a wait: a cudaStreamSynchronize,
+    cudaEventSynchronize, cudaDeviceSynchronize or a synchronous copy among those calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    states = [setup() if setup else None for _ in range(3)]
+    sync(device)
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for state in states:
+            run(state)
+        sync(device)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    part = path.with_name(f".{path.name}.part.gz")  # written whole, then moved into place
+    prof.export_chrome_trace(str(part))
+    os.replace(part, path)
+    events = prof.key_averages()
+    busy = "no device activity (a CPU run)"
+    if device.type == "cuda":  # the sum torch's own table reports as its self device time total
+        busy = f"device busy {sum(e.self_device_time_total for e in events) / 1e3:.2f} ms"
+    api = sorted((e for e in events if e.key.startswith(("cu", "hip"))), key=lambda e: -e.cpu_time_total)
+    print(f"[timeline] {title}: 3 forwards in {wall_ms:.2f} ms, {busy}; trace {path}", flush=True)
+    for e in api[:15]:
+        print(f"[timeline]   {e.key:40s} {e.count:6d} calls {e.cpu_time_total / 1e3:9.3f} ms", flush=True)
+
+
 def read_trace(trace, device: torch.device) -> dict[str, Any]:
     """The trace's size, and the time to read its hashes (its one device-to-host copy)."""
     sync(device)
@@ -336,10 +382,15 @@ def _run(args: argparse.Namespace, device: torch.device) -> int:
                     continue
                 runs[mode] = run
             times = time_eager_interleaved(runs, device, warmup=args.warmup, reps=args.reps, setup=work[1])
+            case = f"{name} {s['batch']}x{s['tokens_per_request']}"
             if args.profile in runs:
-                profile_host(
-                    runs[args.profile], work[1], f"{name} {s['batch']}x{s['tokens_per_request']} {args.profile}"
+                profile_host(runs[args.profile], work[1], f"{case} {args.profile}")
+            if args.timeline in runs:
+                trace_path = (
+                    Path(args.out) / f"timeline_{name}_{s['batch']}x{s['tokens_per_request']}_{args.timeline}.json.gz"
                 )
+                trace_path.parent.mkdir(parents=True, exist_ok=True)
+                timeline(runs[args.timeline], work[1], device, f"{case} {args.timeline}", trace_path)
             plain_ms = statistics.median(times["plain"]) if "plain" in times else None
             for mode, ts in times.items():
                 ms = statistics.median(ts)

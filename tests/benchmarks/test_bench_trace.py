@@ -1,7 +1,9 @@
 """benchmarks/bench_trace.py --smoke: the whole script on tiny models (CPU), and the CSV it writes."""
 
 import csv
+import gzip
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,24 @@ def test_inference_mode_records_the_same_calls_reading_activations_at_every_call
 def test_without_a_gpu_the_full_run_asks_for_smoke(tmp_path, capsys):
     assert load().main(["--out", str(tmp_path)]) == 2
     assert "--smoke" in capsys.readouterr().err
+
+
+def test_a_timeline_of_one_mode_is_written_beside_the_csv(tmp_path, capsys):
+    argv = ["--smoke", "--out", str(tmp_path), "--models", "lab", "--shapes", "4x2", "--modes", "plain,ops"]
+    assert load().main([*argv, "--reps", "1", "--timeline", "ops"]) == 0
+    printed = capsys.readouterr().out
+    assert "[timeline] lab-qwen3-next-tp4 4x2 ops: 3 forwards in" in printed
+    path = tmp_path / "timeline_lab-qwen3-next-tp4_4x2_ops.json.gz"
+    with gzip.open(path) as f:
+        names = {e.get("name") for e in json.load(f)["traceEvents"]}
+    assert any(str(n).startswith("aten::") for n in names)  # the forwards' own torch ops are in it
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no partial file left
+
+
+@pytest.mark.parametrize("option", ["--profile", "--timeline"])
+def test_a_profile_or_timeline_of_a_mode_that_does_not_run_is_refused(tmp_path, capsys, option):
+    with pytest.raises(SystemExit) as exc:
+        load().main(["--smoke", "--out", str(tmp_path), "--modes", "plain,modules", option, "ops"])
+    assert exc.value.code == 2
+    assert f"{option}: 'ops' is not among the modes run; accepted: plain, modules" in capsys.readouterr().err
+    assert not (tmp_path / "bench_trace.csv").exists()
