@@ -512,6 +512,29 @@ def test_ops_level_reads_queued_until_a_write_give_the_hashes_read_at_each_call(
     assert {"act.F.silu", "Writes.Tensor.add_", "Writes.Tensor.mul"} <= written, written
 
 
+@needs_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_an_ops_recording_on_the_gpu_makes_the_host_wait_for_nothing():
+    """The recorder's own work at level="ops" (reads queued, flushed at each write, their table's
+    copy and launches, the block's end) never waits for the GPU: a wait would serialise the row
+    stage with the forward. The model, its input and the layout's device tables exist before."""
+    torch.manual_seed(0)
+    model, x, lay = Writes().cuda(), torch.randn(3, 4, device="cuda"), Layout.per_request([0, 1, 2])
+
+    def run():
+        with torch.no_grad(), record(model, lay, level="ops", hash_impl="triton") as tr:
+            model(x).sub_(1.0)
+        return tr
+
+    run()  # warm: the kernels, the layout's device tables, the pinned blocks
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tr = run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert tr.n_flush > 0 and len(tr.entries) > 5  # reading the trace copies to the host: after
+
+
 class RandomWrites(nn.Module):
     """A forward drawn from a seed: functional calls and writes of every kind the recorder sees,
     on fresh tensors, earlier ones and views of them, inside child modules or not."""
