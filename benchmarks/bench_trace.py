@@ -382,15 +382,13 @@ def _run(args: argparse.Namespace, device: torch.device) -> int:
                     continue
                 runs[mode] = run
             times = time_eager_interleaved(runs, device, warmup=args.warmup, reps=args.reps, setup=work[1])
-            case = f"{name} {s['batch']}x{s['tokens_per_request']}"
+            shape = f"{s['batch']}x{s['tokens_per_request']}"
             if args.profile in runs:
-                profile_host(runs[args.profile], work[1], f"{case} {args.profile}")
+                profile_host(runs[args.profile], work[1], f"{name} {shape} {args.profile}")
             if args.timeline in runs:
-                trace_path = (
-                    Path(args.out) / f"timeline_{name}_{s['batch']}x{s['tokens_per_request']}_{args.timeline}.json.gz"
-                )
+                trace_path = Path(args.out) / f"timeline_{name}_{shape}_{args.timeline}.json.gz"
                 trace_path.parent.mkdir(parents=True, exist_ok=True)
-                timeline(runs[args.timeline], work[1], device, f"{case} {args.timeline}", trace_path)
+                timeline(runs[args.timeline], work[1], device, f"{name} {shape} {args.timeline}", trace_path)
             plain_ms = statistics.median(times["plain"]) if "plain" in times else None
             for mode, ts in times.items():
                 ms = statistics.median(ts)
@@ -405,10 +403,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> int:
                         r["ratio_with_read"] = (ms + r["finalize_ms"]) / plain_ms
                     if mode in TARGETS and device.type == "cuda":
                         r["meets_target"] = r["ratio_vs_plain"] <= TARGETS[mode]
-            print(
-                f"[bench] {name} {s['batch']}x{s['tokens_per_request']}: {time.perf_counter() - t_start:.1f}s",
-                flush=True,
-            )
+            print(f"[bench] {name} {shape}: {time.perf_counter() - t_start:.1f}s", flush=True)
         del model
     path = write_csv(rows, COLUMNS + [f"env_{k}" for k in fp], Path(args.out), CSV_NAME)
     print(
