@@ -543,21 +543,19 @@ class Bench:
         if compiled is not None and hasattr(compiled, "packed_metadata"):
             from triton.runtime import driver
 
-            def floor():
-                dev = driver.active.get_current_device()
-                compiled.run(*grid, driver.active.get_current_stream(dev), compiled.function,
-                             compiled.packed_metadata, None, None, None, *kargs)  # fmt: skip
+            def floor(launch_args: tuple) -> Callable[[], None]:
+                def run():
+                    dev = driver.active.get_current_device()
+                    compiled.run(*grid, driver.active.get_current_stream(dev), compiled.function,
+                                 compiled.packed_metadata, None, None, None, *launch_args)  # fmt: skip
 
-            # the same launch with the pointers as ints, as the wrapper passes them (`launch_cached`)
-            ptr_args = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in kargs)
+                return run
 
-            def floor_ints():
-                dev = driver.active.get_current_device()
-                compiled.run(*grid, driver.active.get_current_stream(dev), compiled.function,
-                             compiled.packed_metadata, None, None, None, *ptr_args)  # fmt: skip
-
-            runs["compiled launcher"] = floor
-            runs["compiled launcher (int pointers)"] = floor_ints
+            runs["compiled launcher"] = floor(kargs)
+            # the pointers as ints, as the wrapper passes them (`launch_cached`)
+            runs["compiled launcher (int pointers)"] = floor(
+                tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in kargs)
+            )
         return runs
 
     def _kernel_args(self, args: dict) -> tuple[tuple, tuple, int]:

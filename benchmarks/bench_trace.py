@@ -71,6 +71,18 @@ HF_VOCAB = 151936  # Qwen3Config's default vocabulary
 Workload = tuple[Any, Callable[[], Any] | None, Callable[[Any, Any], Any]]
 
 
+def parse_shapes(p: argparse.ArgumentParser, text: str | None, smoke: bool) -> list[tuple[int, int]]:
+    """--shapes as (batch, tokens per request) pairs, the defaults when not given; a bad item is a
+    usage error (exit 2)."""
+    try:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in (text or ("1x8,4x2" if smoke else "1x512,8x128,64x16")).split(",")]  # fmt: skip
+        if any(len(s) != 2 or min(s) < 1 for s in shapes):
+            raise ValueError
+    except ValueError:
+        p.error(f"--shapes {text!r}: expected BATCHxTOKENS items, both >= 1, comma-separated (e.g. 1x512,8x128)")
+    return shapes
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for bench_trace.csv")
@@ -98,10 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "runtime calls (syncs among them) and device busy time printed",
     )
     a = p.parse_args(argv)
-    a.shapes = [
-        tuple(int(x) for x in s.split("x"))
-        for s in (a.shapes or ("1x8,4x2" if a.smoke else "1x512,8x128,64x16")).split(",")
-    ]
+    a.shapes = parse_shapes(p, a.shapes, a.smoke)
     a.models = [m for m in a.models.split(",") if m]
     a.modes = [m for m in a.modes.split(",") if m]
     bad = [m for m in a.models if m not in MODELS] + [m for m in a.modes if m not in MODES]
