@@ -304,15 +304,23 @@ class _Arena:
 
     A deferring arena (Triton row stage only) queues its reads and runs them at `flush`, many
     tensors per launch (`row_values_many`): a launch-bound forward pays a launch per hashed tensor
-    otherwise. The queue holds each tensor alive until then, so its memory cannot be reused; the
-    reader must flush before anything may write a queued tensor in place, and a queued tensor whose
-    version counter moved raises `StaleReadError` at the flush.
+    otherwise, and each flush a table copy and a launch per tile shape. The queue holds each tensor
+    alive until then, so its memory cannot be reused: it flushes itself at FLUSH_AT reads or
+    FLUSH_BYTES bytes of their tensors (parameters counted too, so the memory it keeps from reuse
+    is at most that plus one tensor). The reader must flush before anything may write a queued
+    tensor in place, and a queued tensor whose version counter moved raises `StaleReadError` at
+    the flush.
     """
 
     # Chunks double from FIRST to LAST rows: zeroing one 2^16-row chunk took 0.4 ms on the CPU,
     # per trace, a tenth of a small model's recording.
     FIRST, LAST = 1 << 10, 1 << 16
-    FLUSH_AT = 32  # queued reads at most (each keeps its tensor alive)
+    # At 32 reads the HF Qwen3 of bench_trace.py flushed 21 times a forward, every time at the cap,
+    # at 380 us of host time each on an H100's host (data/bench/h100/probe_trace_host_1569ad5.log),
+    # of which its reads' own Python is about 60 us on the 2-core CPU VM: most of a flush is its
+    # table copy and launches.
+    FLUSH_AT = 256  # queued reads at most
+    FLUSH_BYTES = 1 << 30  # bytes of queued tensors at most
 
     def __init__(
         self, device: torch.device, impl: str, defer: bool = False, describe: Callable[[list], str] | None = None
@@ -327,6 +335,7 @@ class _Arena:
         self.n_flush = 0  # flushes that ran queued reads
         # queued reads: (words, n, f, chunk, row in it, version counter when queued or None, tag)
         self.queue: list[tuple] | None = [] if defer and impl == "triton" else None
+        self.queued_bytes = 0  # of the queued reads' tensors
 
     def read(self, words: torch.Tensor, n: int, f: int, tag: Any = None) -> int:
         """The row stage of `words` (`_words`' tensor: n rows of f) into the arena, now or (deferring)
@@ -351,10 +360,11 @@ class _Arena:
                 except RuntimeError:  # an inference tensor keeps no version counter
                     version = None
                 queue.append((words, n, f, self.chunks[-1], self.fill, version, tag))
+                self.queued_bytes += words.numel() * words.element_size()
         self.n_read += 1
         start = self.start + self.fill
         self.fill += n
-        if queue is not None and len(queue) >= self.FLUSH_AT:
+        if queue is not None and (len(queue) >= self.FLUSH_AT or self.queued_bytes >= self.FLUSH_BYTES):
             self.flush()
         return start
 
@@ -367,7 +377,7 @@ class _Arena:
         queue = self.queue
         if not queue:
             return
-        self.queue = []
+        self.queue, self.queued_bytes = [], 0
         stale = [tag for words, *_, version, tag in queue if version is not None and words._version != version]
         if stale:
             raise StaleReadError(stale, self.describe(stale) if self.describe else None)

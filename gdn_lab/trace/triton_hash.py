@@ -21,6 +21,7 @@ MIN_PROGRAMS programs run ([1, 2^20] bf16: 27 us in 64 programs of 16 column blo
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -50,7 +51,8 @@ _INT32_MAX = 2**31 - 1
 # stride and D2, D3, S1, S2, S3 the trailing dims' as `_strides` gives them, contiguous rows as one
 # dim of stride 1).
 _TABLE = ("END", "START", "ADDR", "OUT", "R", "F", "N_ITER", "N_COL", "WORD_SIZE", "S0", "D2", "D3", "S1", "S2", "S3")
-_COLUMNS = tl.constexpr(len(_TABLE))
+_N_COLUMNS = len(_TABLE)
+_COLUMNS = tl.constexpr(_N_COLUMNS)
 (_END, _START, _ADDR, _OUT, _R, _F, _N_ITER, _N_COL, _WORD_SIZE,
  _S0, _D2, _D3, _S1, _S2, _S3) = (tl.constexpr(i) for i in range(len(_TABLE)))  # fmt: skip
 # The word of an element by its size: 1-byte types zero-extended, wider ones sign-extended.
@@ -265,7 +267,7 @@ def row_values_many(items: Sequence[tuple[torch.Tensor, int, int, torch.Tensor, 
     addresses, sizes and strides reach the kernel as a table: on a GPU one host-to-device copy from
     pinned memory. Same bits, same tiles; a lone tensor launches as it is.
     """
-    classes: dict[tuple[int, int, int], list[list[int]]] = {}
+    classes: dict[tuple[int, int, int], list[int]] = {}  # launch class -> its tensors' table rows, flat
     shared = []  # the items the table takes
     for item in items:
         words, r, f, out, offset = item
@@ -276,23 +278,28 @@ def row_values_many(items: Sequence[tuple[torch.Tensor, int, int, torch.Tensor, 
         if trailing == 0:  # contiguous: one dim of f words at stride 1
             trailing, s0, d3, s3 = 1, f, f, 1
         grid, n_iter, block_r, block_f, _ = _launch_config(r, f)
-        row = [grid[0] * grid[1], 0, words.data_ptr(), out.data_ptr() + 8 * offset, r, f, n_iter, grid[1],
-               words.element_size(), s0, d2, d3, s1, s2, s3]  # fmt: skip
-        classes.setdefault((1 if trailing == 1 else 3, block_r, block_f), []).append(row)
+        key = (1 if trailing == 1 else 3, block_r, block_f)
+        flat = classes.get(key)
+        if flat is None:
+            flat = classes[key] = []
+        flat += (grid[0] * grid[1], 0, words.data_ptr(), out.data_ptr() + 8 * offset, r, f, n_iter, grid[1],
+                 words.element_size(), s0, d2, d3, s1, s2, s3)  # fmt: skip
         shared.append((words, r, f, out, offset))
     if len(shared) <= 1:  # none, or one tensor: its own launch, no table
         for item in shared:
             row_values_triton(*item)
         return
-    table = np.array([row for rows in classes.values() for row in rows], dtype=np.int64)
+    table = np.fromiter(itertools.chain.from_iterable(classes.values()), np.int64, len(shared) * _N_COLUMNS)
+    table = table.reshape(len(shared), _N_COLUMNS)
     launches, first = [], 0
-    for shape, rows in classes.items():
-        part = table[first : first + len(rows)]
+    for shape, flat in classes.items():
+        n = len(flat) // _N_COLUMNS
+        part = table[first : first + n]
         ends = np.cumsum(part[:, 0])
         part[:, 1] = ends - part[:, 0]
         part[:, 0] = ends
-        launches.append(((int(ends[-1]), 1, 1), (first, len(rows), *shape)))
-        first += len(rows)
+        launches.append(((int(ends[-1]), 1, 1), (first, n, *shape)))
+        first += n
     if interpreting():
         table_t = torch.from_numpy(table)
         for grid, args in launches:

@@ -219,6 +219,22 @@ def test_a_deferring_sink_reads_at_its_flushes_what_it_was_given(monkeypatch, de
     assert caught.value.tags == [None]
 
 
+@needs_triton
+def test_a_deferring_sink_flushes_at_its_byte_cap_with_the_hashes_read_at_once(monkeypatch, device):
+    # The queue keeps its tensors alive: past FLUSH_BYTES of them it flushes, whatever their count.
+    from gdn_lab.trace import hashing
+
+    tensors = [sample(torch.float32, (9, 8), seed=i).to(device) for i in range(7)]  # 288 bytes each
+    monkeypatch.setattr(hashing._Arena, "FLUSH_AT", 1000)
+    monkeypatch.setattr(hashing._Arena, "FLUSH_BYTES", 3 * 288)
+    now, later = HashSink("triton"), HashSink("triton", defer=True)
+    for sink in (now, later):
+        for t in tensors:
+            sink.add(t, whole_slot=sink.slots(1))
+    assert later.n_flush == 2  # at the 3rd and the 6th read; the 7th waits for the sink's read
+    assert now.read().tolist() == later.read().tolist() and later.n_flush == 3
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_request_hashes_the_same_alone_and_at_another_offset(dtype):
     t = sample(dtype, (9, 6))
