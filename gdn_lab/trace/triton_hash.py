@@ -75,8 +75,13 @@ def _block_sums(p_base, o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3, WOR
     """The row values of one block of rows (o_r64, valid where m_r) over its n_iter column tiles from
     col0, its words read from p_base at `_strides`' layout TRAILING: int64 [BLOCK_R]."""
     b_acc = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.int64)
+    o_c = tl.arange(0, BLOCK_F).to(tl.int64)
+    # each column's step (j + 1) * G, carried from tile to tile by an add of BLOCK_F * G (exact mod
+    # 2^64, as the products are): a 64-bit multiply per column costs 3 integer multiplies a word
+    b_step = (col0 + o_c + 1) * _G
+    b_inc = (tl.zeros([], tl.int64) + BLOCK_F) * _G
     for it in range(0, n_iter):
-        o_f = col0 + it * BLOCK_F + tl.arange(0, BLOCK_F).to(tl.int64)
+        o_f = col0 + it * BLOCK_F + o_c
         m_x = m_r[:, None] & (o_f < F)[None, :]
         if TRAILING == 0:  # contiguous rows of F words
             p_x = p_base + o_r64[:, None] * F + o_f[None, :]
@@ -92,14 +97,15 @@ def _block_sums(p_base, o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3, WOR
         # masked elements are left undefined (no `other`: 0 does not cast to every float type) and
         # dropped below
         b_w = tl.load(p_x, mask=m_x).to(WORD, bitcast=True).to(tl.int64)
-        b_z = _mix(b_w + (o_f[None, :] + 1) * _G)
+        b_z = _mix(b_w + b_step[None, :])
         b_acc += tl.where(m_x, b_z, 0)
+        b_step += b_inc
     return tl.sum(b_acc, axis=1)
 
 
 # s0 and s3 stay specialised (a stride of 1 tells the compiler which axis is contiguous: a
-# transposed weight's rows are)
-@triton.jit(do_not_specialize=["offset", "R", "F", "n_iter", "d2", "d3", "s1", "s2"])
+# transposed weight's rows are), and F (a multiple of 16 lets contiguous rows load 16 bytes at once)
+@triton.jit(do_not_specialize=["offset", "R", "n_iter", "d2", "d3", "s1", "s2"])
 def _row_values_kernel(
     x_ptr,
     out_ptr,
@@ -132,16 +138,26 @@ def _row_values_kernel(
         tl.store(out_ptr + offset + o_r64, b_sum, mask=m_r)
 
 
+@triton.jit
+def _words_at(addr, WORD: tl.constexpr, ALIGNED: tl.constexpr):
+    """The words at address addr, as a pointer the compiler knows 16-byte aligned when ALIGNED."""
+    p = addr.to(tl.pointer_type(WORD))
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
+    return p
+
+
 @triton.jit(do_not_specialize=["first", "n_tensors"])
 def _row_values_many_kernel(
     table_ptr, first, n_tensors, TRAILING: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr
 ):
     """The row stage of n_tensors tensors in one launch, one table row each from row `first` (`_TABLE`):
     program p works for the tensor whose range of programs holds p, at its place in that tensor's
-    (row block, column block) grid, reading words of the size its row names. TRAILING 1 addresses
-    word j of a row at j * S3; TRAILING 3 through its 1-3 trailing dims (any `_strides` layout:
-    with the left padding, fewer dims reduce to the same sum), at the registers of a division and
-    a modulo per word."""
+    (row block, column block) grid, reading words of the size its row names. TRAILING 0 reads
+    contiguous rows of F words, F a multiple of 16 and the first word 16-byte aligned (the compiler
+    told so: 16-byte vector loads); TRAILING 1 addresses word j of a row at j * S3; TRAILING 3
+    through its 1-3 trailing dims (any `_strides` layout: with the left padding, fewer dims reduce
+    to the same sum), at the registers of a division and a modulo per word."""
     pid = tl.program_id(0).to(tl.int64)
     i = first.to(tl.int64)
     for j in range(first, first + n_tensors):  # the tensors before p's: their ranges end at or before p
@@ -159,19 +175,21 @@ def _row_values_many_kernel(
         d2, d3, s1, s2 = tl.load(row + _D2), tl.load(row + _D3), tl.load(row + _S1), tl.load(row + _S2)
     word = tl.load(row + _WORD_SIZE)
     addr = tl.load(row + _ADDR)
+    if TRAILING == 0:
+        F = tl.multiple_of(F, 16)
     b_sum = tl.zeros([BLOCK_R], dtype=tl.int64)
     # the word size is data here: a branch per size, each reading the words at their own type
     if word == 2:
-        b_sum = _block_sums(addr.to(tl.pointer_type(tl.int16)), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
+        b_sum = _block_sums(_words_at(addr, tl.int16, TRAILING == 0), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
                             tl.int16, TRAILING, BLOCK_R, BLOCK_F)  # fmt: skip
     elif word == 4:
-        b_sum = _block_sums(addr.to(tl.pointer_type(tl.int32)), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
+        b_sum = _block_sums(_words_at(addr, tl.int32, TRAILING == 0), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
                             tl.int32, TRAILING, BLOCK_R, BLOCK_F)  # fmt: skip
     elif word == 1:
-        b_sum = _block_sums(addr.to(tl.pointer_type(tl.uint8)), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
+        b_sum = _block_sums(_words_at(addr, tl.uint8, TRAILING == 0), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
                             tl.uint8, TRAILING, BLOCK_R, BLOCK_F)  # fmt: skip
     else:
-        b_sum = _block_sums(addr.to(tl.pointer_type(tl.int64)), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
+        b_sum = _block_sums(_words_at(addr, tl.int64, TRAILING == 0), o_r64, m_r, col0, n_iter, F, s0, d2, d3, s1, s2, s3,
                             tl.int64, TRAILING, BLOCK_R, BLOCK_F)  # fmt: skip
     p_out = tl.load(row + _OUT).to(tl.pointer_type(tl.int64)) + o_r64
     if n_col > 1:  # several programs share these rows: add (out holds zeros)
@@ -249,21 +267,22 @@ def row_values_triton(words: torch.Tensor, r: int, f: int, out: torch.Tensor, of
         _row_values_kernel[grid](*args)
         return
     # What the compilation depends on: the constexprs, the words' dtype (and so WORD), the pointers'
-    # 16-byte alignment, the specialised strides' ==1 and divisibility by 16, and whether the ints
-    # need 64 bits (unspecialised ints still type by range).
+    # 16-byte alignment, the specialised ints' (s0, s3, F) ==1 and divisibility by 16, and whether
+    # the ints need 64 bits (unspecialised ints still type by range).
     wide = max(r, f, offset, *strides) > _INT32_MAX
     s0, s3 = strides[0], strides[-1]
     p_words, p_out = words.data_ptr(), out.data_ptr()  # the launcher takes them as ints
-    key = (block_r, block_f, split, trailing, s0 == 1, s0 % 16 == 0, s3 == 1, s3 % 16 == 0, words.dtype,
-           p_words & 15 == 0, p_out & 15 == 0, wide)  # fmt: skip
+    key = (block_r, block_f, split, trailing, s0 == 1, s0 % 16 == 0, s3 == 1, s3 % 16 == 0, f == 1, f % 16 == 0,
+           words.dtype, p_words & 15 == 0, p_out & 15 == 0, wide)  # fmt: skip
     launch_cached(_row_values_kernel, grid, args, key, (p_words, p_out, *args[2:]))
 
 
 def row_values_many(items: Sequence[tuple[torch.Tensor, int, int, torch.Tensor, int]]) -> None:
     """`row_values_triton(words, r, f, out, offset)` for each item, on one device, with one launch
     per tile shape (`_launch_config`'s BLOCK_R x BLOCK_F) and addressing instead of one per tensor:
-    rows whose words lie at one stride (contiguous ones, transposes, strided slices) apart from
-    those with 2-3 strides, whose address arithmetic would cost the others registers. The tensors'
+    contiguous rows of a multiple of 16 words from a 16-byte aligned address (read 16 bytes at a
+    time), rows whose words lie at one stride (other contiguous ones, transposes, strided slices),
+    and those with 2-3 strides, whose address arithmetic would cost the others registers. The tensors'
     addresses, sizes and strides reach the kernel as a table: on a GPU one host-to-device copy from
     pinned memory. Same bits, same tiles; a lone tensor launches as it is.
     """
@@ -275,14 +294,17 @@ def row_values_many(items: Sequence[tuple[torch.Tensor, int, int, torch.Tensor, 
             continue
         # in place, or (more than 3 trailing strides) a contiguous copy read in this launch
         words, (trailing, (s0, d2, d3, s1, s2, s3)) = _addressed(words)
+        ptr = words.data_ptr()
         if trailing == 0:  # contiguous: one dim of f words at stride 1
-            trailing, s0, d3, s3 = 1, f, f, 1
+            s0, d3, s3 = f, f, 1
+            if f % 16 or ptr % 16:  # not the aligned class (vector loads): addressed at stride 1
+                trailing = 1
         grid, n_iter, block_r, block_f, _ = _launch_config(r, f)
-        key = (1 if trailing == 1 else 3, block_r, block_f)
+        key = (trailing if trailing < 2 else 3, block_r, block_f)
         flat = classes.get(key)
         if flat is None:
             flat = classes[key] = []
-        flat += (grid[0] * grid[1], 0, words.data_ptr(), out.data_ptr() + 8 * offset, r, f, n_iter, grid[1],
+        flat += (grid[0] * grid[1], 0, ptr, out.data_ptr() + 8 * offset, r, f, n_iter, grid[1],
                  words.element_size(), s0, d2, d3, s1, s2, s3)  # fmt: skip
         shared.append((words, r, f, out, offset))
     if len(shared) <= 1:  # none, or one tensor: its own launch, no table

@@ -156,8 +156,10 @@ def test_many_tensors_in_one_launch_read_as_each_in_its_own(small_splits, device
     # One table launch per tile shape and addressing must give each tensor the row values of its
     # own launch: word sizes 1-8, contiguous rows, one stride per row (a transpose, a strided
     # slice), 2-3 strides, more (read through a copy), split rows, no words, and tensors sharing
-    # one output at different offsets, as an arena's chunk holds them.
-    from gdn_lab.trace.hashing import as_words, words_signature, words_view
+    # one output at different offsets, as an arena's chunk holds them; contiguous rows of a
+    # multiple of 16 words from a 16-byte aligned address (vector loads on a GPU) and from an
+    # address that is not. Each tensor's own launch gives the torch row stage's values.
+    from gdn_lab.trace.hashing import _words, as_words, row_values, words_signature, words_view
 
     tensors = [
         sample(torch.bfloat16, (5, 7), seed=1),
@@ -172,6 +174,10 @@ def test_many_tensors_in_one_launch_read_as_each_in_its_own(small_splits, device
         sample(torch.float32, (2, 2, 3, 4, 5), seed=12).permute(0, 4, 3, 2, 1),  # four: a copy
         sample(torch.float32, (3, 0), seed=10),
         sample(torch.int16, (1, 1), seed=11),
+        sample(torch.bfloat16, (5, 32), seed=13),
+        sample(torch.float32, (2, 2048), seed=14),  # aligned, its columns split over programs
+        sample(torch.uint8, (3, 48), seed=15),
+        sample(torch.bfloat16, (65,), seed=16)[1:].view(4, 16),  # contiguous, 2 bytes past alignment
     ]
     items, want, offset = [], [], 1
     out = torch.zeros(1 + sum(t.shape[0] for t in tensors) + len(tensors), dtype=torch.int64, device=device)
@@ -181,6 +187,9 @@ def test_many_tensors_in_one_launch_read_as_each_in_its_own(small_splits, device
         words = as_words(t, words_view(t.dtype, view, "triton"), cplx)
         alone = torch.zeros(r, dtype=torch.int64, device=device)
         small_splits.row_values_triton(words, r, f, alone)
+        ref = torch.zeros(r, dtype=torch.int64, device=device)
+        row_values(_words(t, "torch")[0], r, f, "torch", ref)
+        assert torch.equal(alone, ref), (t.dtype, tuple(t.shape))
         items.append((words, r, f, out, offset))
         want.append((offset, alone))
         offset += r + 1  # a gap of one row stays zero
