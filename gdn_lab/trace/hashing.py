@@ -306,8 +306,8 @@ class _Arena:
     tensors per launch (`row_values_many`): a launch-bound forward pays a launch per hashed tensor
     otherwise, and each flush a table copy and a launch per tile shape. The queue holds each tensor
     alive until then, so its memory cannot be reused: it flushes itself at FLUSH_AT reads or
-    FLUSH_BYTES bytes of their tensors (parameters counted too, so the memory it keeps from reuse
-    is at most that plus one tensor). The reader must flush before anything may write a queued
+    FLUSH_BYTES bytes of their tensors (a view's base counted for the view, parameters too, so the
+    memory it keeps from reuse is at most that plus one tensor). The reader must flush before anything may write a queued
     tensor in place, and a queued tensor whose version counter moved raises `StaleReadError` at
     the flush.
     """
@@ -360,7 +360,8 @@ class _Arena:
                 except RuntimeError:  # an inference tensor keeps no version counter
                     version = None
                 queue.append((words, n, f, self.chunks[-1], self.fill, version, tag))
-                self.queued_bytes += words.numel() * words.element_size()
+                held = words if words._base is None else words._base  # a view keeps its base alive
+                self.queued_bytes += held.numel() * held.element_size()
         self.n_read += 1
         start = self.start + self.fill
         self.fill += n

@@ -243,6 +243,11 @@ def test_a_deferring_sink_flushes_at_its_byte_cap_with_the_hashes_read_at_once(m
     assert later.n_flush == 2  # at the 3rd and the 6th read; the 7th waits for the sink's read
     assert now.read().tolist() == later.read().tolist() and later.n_flush == 3
 
+    rows = HashSink("triton", defer=True)  # a one-row view keeps its whole base alive: counted so
+    for i in range(3):
+        rows.add(tensors[0][i : i + 1], whole_slot=rows.slots(1))
+    assert rows.n_flush == 1
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_request_hashes_the_same_alone_and_at_another_offset(dtype):
