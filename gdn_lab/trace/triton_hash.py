@@ -44,7 +44,6 @@ MAX_BLOCK_F = 1024
 COLS_PER_PROGRAM = 16 * MAX_BLOCK_F
 MIN_PROGRAMS = 1024  # split rows into column blocks until about this many programs run
 SPLIT_BELOW = 256  # ... when fewer row blocks than this: more of them keep the GPU busy without atomics
-FIT_ROWS = True  # a tile has no more rows than its tensor (benchmarks/probe_trace_rows.py times both)
 _INT32_MAX = 2**31 - 1
 # The many-tensor launch's table: one int64 row per tensor, these columns (END and START bound the
 # tensor's programs; ADDR and OUT are its words' and its first row value's addresses; S0 the row
@@ -205,8 +204,7 @@ def _launch_config(r: int, f: int) -> tuple[tuple[int, int, int], int, int, int,
     block_f = pow2_at_least(max(f, 1), floor=1) if f < MAX_BLOCK_F else MAX_BLOCK_F
     # no more tile rows than rows: a [B, ...] tensor at batch 1 is one row, and a second tile row
     # would mask half the lanes of a kernel bound by its integer math
-    rows = pow2_at_least(max(r, 1), floor=1) if FIT_ROWS else 64
-    block_r = max(1, min(64, MAX_TILE // block_f, rows))
+    block_r = max(1, min(64, MAX_TILE // block_f, pow2_at_least(max(r, 1), floor=1)))
     row_blocks = -(-r // block_r)
     tiles = -(-f // block_f)
     wanted = -(-MIN_PROGRAMS // row_blocks) if 0 < row_blocks < SPLIT_BELOW else 1
