@@ -307,9 +307,9 @@ class _Arena:
     otherwise, and each flush a table copy and a launch per tile shape. The queue holds each tensor
     alive until then, so its memory cannot be reused: it flushes itself at FLUSH_AT reads or
     FLUSH_BYTES bytes of their tensors (a view's base counted for the view, parameters too, so the
-    memory it keeps from reuse is at most that plus one tensor). The reader must flush before anything may write a queued
-    tensor in place, and a queued tensor whose version counter moved raises `StaleReadError` at
-    the flush.
+    memory it keeps from reuse is at most that plus one tensor). The reader must flush before
+    anything may write a queued tensor in place, and a queued tensor whose version counter moved
+    raises `StaleReadError` at the flush.
     """
 
     # Chunks double from FIRST to LAST rows: zeroing one 2^16-row chunk took 0.4 ms on the CPU,

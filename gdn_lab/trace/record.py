@@ -39,9 +39,8 @@ a call that writes in place by its name, its schema (a torch.ops operator: aten'
 declares its writes), `out=` or `inplace=True`, inside the model or outside it; a lab op whose
 state pools hold a queued read (lab ops write nothing else: tests/ops check every backend); 256
 queued reads or 1 GiB of their tensors (what the queue keeps alive); reading the trace; the end of
-the block. A queued tensor whose version counter moved
-all the same (written with torch functions disabled, in a scripted or compiled function) fails
-the recording at the flush. A write with a raw kernel moves no counter, and a tensor made under
+the block. A queued tensor whose version counter moved all the same (written with torch functions
+disabled, in a scripted or compiled function) fails the recording at the flush. A write with a raw kernel moves no counter, and a tensor made under
 inference_mode has none: code that writes such tensors unseen needs reuse=False, as it already
 does for the reuse below.
 
