@@ -40,9 +40,9 @@ declares its writes), `out=` or `inplace=True`, inside the model or outside it; 
 state pools hold a queued read (lab ops write nothing else: tests/ops check every backend); 256
 queued reads or 1 GiB of their tensors (what the queue keeps alive); reading the trace; the end of
 the block. A queued tensor whose version counter moved all the same (written with torch functions
-disabled, in a scripted or compiled function) fails the recording at the flush. A write with a raw kernel moves no counter, and a tensor made under
-inference_mode has none: code that writes such tensors unseen needs reuse=False, as it already
-does for the reuse below.
+disabled, in a scripted or compiled function) fails the recording at the flush. A write with a raw
+kernel moves no counter, and a tensor made under inference_mode has none: code that writes such
+tensors unseen needs reuse=False, as it already does for the reuse below.
 
 A tensor that reaches several calls unchanged (a module's output is the next module's input and
 its parent's output) is read once: its rows are reused while torch shows it unchanged (the same

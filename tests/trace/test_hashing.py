@@ -162,27 +162,27 @@ def test_many_tensors_in_one_launch_read_as_each_in_its_own(small_splits, device
     from gdn_lab.trace.hashing import _words, as_words, row_values, words_signature, words_view
 
     tensors = [
-        sample(torch.bfloat16, (5, 7), seed=1),
-        sample(torch.float32, (6, 5), seed=2).t(),
-        sample(torch.int64, (9, 3), seed=3),
-        sample(torch.float8_e4m3fn, (4, 33), seed=4),
-        sample(torch.float32, (2, 3000), seed=5),  # one row block: its columns split over programs
-        sample(torch.bool, (7, 2), seed=6),
-        sample(torch.float64, (3, 4), seed=7)[:, ::2],
-        sample(torch.float32, (3, 4, 6), seed=8)[:, 1:, ::2],  # two strides per row
-        sample(torch.float16, (2, 3, 4, 5), seed=9).permute(0, 3, 1, 2)[:, ::2, :, 1:],
-        sample(torch.float32, (2, 2, 3, 4, 5), seed=12).permute(0, 4, 3, 2, 1),  # four: a copy
-        sample(torch.float32, (3, 0), seed=10),
-        sample(torch.int16, (1, 1), seed=11),
-        sample(torch.bfloat16, (5, 32), seed=13),
-        sample(torch.float32, (2, 2048), seed=14),  # aligned, its columns split over programs
-        sample(torch.uint8, (3, 48), seed=15),
-        sample(torch.bfloat16, (65,), seed=16)[1:].view(4, 16),  # contiguous, 2 bytes past alignment
-    ]
+        sample(torch.bfloat16, (5, 7), seed=1).to(device),
+        sample(torch.float32, (6, 5), seed=2).to(device).t(),
+        sample(torch.int64, (9, 3), seed=3).to(device),
+        sample(torch.float8_e4m3fn, (4, 33), seed=4).to(device),
+        sample(torch.float32, (2, 3000), seed=5).to(device),  # one row block: its columns split over programs
+        sample(torch.bool, (7, 2), seed=6).to(device),
+        sample(torch.float64, (3, 4), seed=7).to(device)[:, ::2],
+        sample(torch.float32, (3, 4, 6), seed=8).to(device)[:, 1:, ::2],  # two strides per row
+        sample(torch.float16, (2, 3, 4, 5), seed=9).to(device).permute(0, 3, 1, 2)[:, ::2, :, 1:],
+        sample(torch.float32, (2, 2, 3, 4, 5), seed=12).to(device).permute(0, 4, 3, 2, 1),  # four: a copy
+        sample(torch.float32, (3, 0), seed=10).to(device),
+        sample(torch.int16, (1, 1), seed=11).to(device),
+        sample(torch.bfloat16, (5, 32), seed=13).to(device),
+        sample(torch.float32, (2, 2048), seed=14).to(device),  # aligned, its columns split over programs
+        sample(torch.uint8, (3, 48), seed=15).to(device),
+        sample(torch.bfloat16, (65,), seed=16).to(device)[1:].view(4, 16),  # contiguous, 2 bytes past alignment
+    ]  # made on the device, then viewed: a copy to the device would drop the strides and offsets
+    assert not tensors[6].is_contiguous() and tensors[-1].data_ptr() % 16
     items, want, offset = [], [], 1
     out = torch.zeros(1 + sum(t.shape[0] for t in tensors) + len(tensors), dtype=torch.int64, device=device)
     for t in tensors:
-        t = t.to(device)
         view, r, f, _, cplx = words_signature(t.dtype, t.shape)
         words = as_words(t, words_view(t.dtype, view, "triton"), cplx)
         alone = torch.zeros(r, dtype=torch.int64, device=device)
