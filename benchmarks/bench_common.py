@@ -107,6 +107,45 @@ def fingerprinted(
     return {**dict.fromkeys(columns, empty), **fields, **{f"env_{k}": v for k, v in fp.items()}}
 
 
+def mark_invariance(rows: Sequence[dict], case: Sequence[str], is_control: Callable[[dict], bool]) -> None:
+    """Give each `invariance` row a `verdict`, judged within its case (the rows equal in the `case`
+    columns): a control 'caught' (it differed) or 'NOT caught'; any other implementation 'variant'
+    (it differed), 'invariant' (bitwise equal, and a control of its case was caught) or
+    'insensitive' (equal, but no control of its case differed: the case could not show a
+    difference, so its equality proves nothing); a row that compared nothing 'error'."""
+    inv = [r for r in rows if r["kind"] == "invariance"]
+    caught: dict[tuple, bool] = {}
+    for r in inv:
+        if is_control(r) and r.get("bitwise_equal") not in (None, ""):
+            key = tuple(r[c] for c in case)
+            caught[key] = caught.get(key, False) or not r["bitwise_equal"]
+    for r in inv:
+        equal = r.get("bitwise_equal")
+        if equal in (None, ""):
+            r["verdict"] = "error"
+        elif is_control(r):
+            r["verdict"] = "NOT caught" if equal else "caught"
+        elif not equal:
+            r["verdict"] = "variant"
+        else:
+            r["verdict"] = "invariant" if caught.get(tuple(r[c] for c in case)) else "insensitive"
+
+
+def invariance_lines(rows: Sequence[dict], by: Sequence[str] = ("impl",)) -> list[str]:
+    """Per implementation (the `by` columns), how its `invariance` rows' verdicts (`mark_invariance`)
+    fall: "invariance triton: invariant 3, insensitive 1 (of 4 cases)"."""
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        if r["kind"] == "invariance":
+            groups.setdefault(" ".join(str(r[c]) for c in by), []).append(r["verdict"])
+    return [
+        f"invariance {name}: "
+        + ", ".join(f"{v} {verdicts.count(v)}" for v in dict.fromkeys(verdicts))
+        + f" (of {len(verdicts)} case{'s' if len(verdicts) != 1 else ''})"
+        for name, verdicts in groups.items()
+    ]
+
+
 def write_csv(rows: Sequence[dict], columns: Sequence[str], out: str | Path, name: str) -> Path:
     """Write rows to out/name atomically (a temporary file, then os.replace); missing keys are empty."""
     out = Path(out)

@@ -28,14 +28,15 @@ fp8 caches, both page sizes) reaches >= 95 % of SDPA's bf16 throughput; everywhe
 more than 10 % slower than the control. Cases whose cache would exceed --max-gb are rows with
 status `skipped` and the reason.
 
-Beside the timings the CSV has `invariance` rows: a 4000-token target alone vs among 63
-batchmates of 1..8000 tokens (shuffled pages), for `triton` (must be bitwise equal; its plans
-alone and batched are in the note) and the control (expected to differ), per shape, page size and
-KV dtype; and `plans` rows: the same batch under every kind of plan (fine and coarse, short and
-long spans), each compared bitwise with the auto plan. `--sweep` adds `sweep` rows: partition-
-kernel configurations (block_n x warps x stages x register cap, a few per head dim and dtype) and
-forced plans, at B = 1, 8, 64, 256 (ctx 4k and 16k), for choosing the fixed table and the plan
-policy (a few more minutes).
+Beside the timings the CSV has `invariance` rows: a 4000-token target alone vs among 63 batchmates
+of 1..8000 tokens (shuffled pages), for `triton` (must be bitwise equal; its plans alone and batched
+are in the note) and the control (expected to differ), per shape, page size and KV dtype, each with
+its `verdict` (`mark_invariance`: our equality where the control was not caught is `insensitive`);
+and `plans` rows: the same batch under every kind of plan (fine and coarse, short and long spans),
+each compared bitwise with the auto plan. `--sweep` adds `sweep` rows: partition-kernel
+configurations (block_n x warps x stages x register cap, a few per head dim and dtype) and forced
+plans, at B = 1, 8, 64, 256 (ctx 4k and 16k), for choosing the fixed table and the plan policy (a
+few more minutes).
 Every row carries the environment fingerprint (`env_*`). Run from the repository root:
 
     python3 benchmarks/bench_decode_attention.py --out OUT_DIR            # the H200 run
@@ -57,7 +58,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ROOFLINE_TBPS, add_device_option, bench_device, fingerprinted, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import (  # noqa: E402  (the scripts' shared helpers)
+    ROOFLINE_TBPS,
+    add_device_option,
+    bench_device,
+    fingerprinted,
+    invariance_lines,
+    mark_invariance,
+    time_graph,
+    write_csv,
+)
 
 SDPA_TARGET = 0.95  # >= 95 % of SDPA's throughput at B >= 8, ctx >= 4k (bf16 and fp8 caches)
 CONTROL_TARGET = 1 / 1.1  # never more than 10 % slower than the control
@@ -94,6 +104,7 @@ COLUMNS = [
     "n_diff",
     "max_abs",
     "max_ulp",
+    "verdict",
     "note",
 ]
 
@@ -443,6 +454,7 @@ class Bench:
         return self.write()
 
     def write(self) -> Path:
+        mark_invariance(self.rows, ("Hq", "Hkv", "D", "kv_dtype", "page_size"), lambda r: r["impl"] == "control")
         return write_csv(self.rows, COLUMNS + [f"env_{k}" for k in self.fp], Path(self.args.out), CSV_NAME)
 
 
@@ -517,12 +529,11 @@ def summary(rows: list[dict]) -> str:
     for col in ("meets_sdpa_target", "meets_control_target", "target_met"):
         vals = [r[col] for r in rows if r[col] != ""]
         lines.append(f"{col}: {sum(bool(v) for v in vals)}/{len(vals)} met")
-    for kind in ("invariance", "plans"):
-        for impl in ("triton", "control"):
-            inv = [r for r in rows if r["kind"] == kind and r["impl"] == impl and r["status"] == "ok"]
-            if inv:
-                equal = sum(r["bitwise_equal"] is True or r["bitwise_equal"] == "True" for r in inv)
-                lines.append(f"{kind} {impl}: bitwise equal in {equal}/{len(inv)}")
+    lines += invariance_lines(rows)
+    plans = [r for r in rows if r["kind"] == "plans" and r["status"] == "ok"]
+    if plans:
+        equal = sum(r["bitwise_equal"] is True for r in plans)
+        lines.append(f"plans triton: bitwise equal in {equal}/{len(plans)}")
     lines += sweep_summary(rows)
     errors = [r for r in rows if r["status"] == "error"]
     lines.append(f"errors: {len(errors)}; skipped: {sum(r['status'] == 'skipped' for r in rows)}")

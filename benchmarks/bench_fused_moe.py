@@ -16,7 +16,9 @@ ours is faster), `config` (ours: the fixed tile; AITER's: the rule's table entry
 
 `invariance` rows: a target token's output alone (M = 1) against the same token at a random
 position in a batch of M (torch.equal), for every M above and each implementation, plus the
-batch-variant control `triton-atomic-by-batch` (it must be caught once M exceeds the experts).
+batch-variant control `triton-atomic-by-batch` (it must be caught once M exceeds the experts);
+`verdict` per M (`mark_invariance`: an equality at an M where the control was not caught is
+`insensitive`).
 Every row carries the environment fingerprint (`env_*`). Run from the repository root:
 
     python3 benchmarks/bench_fused_moe.py --out OUT_DIR            # the GPU run
@@ -33,12 +35,21 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import add_device_option, bench_device, fingerprinted, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import (  # noqa: E402  (the scripts' shared helpers)
+    add_device_option,
+    bench_device,
+    fingerprinted,
+    invariance_lines,
+    mark_invariance,
+    time_graph,
+    write_csv,
+)
 
 CSV_NAME = "bench_fused_moe.csv"
 COLUMNS = [
     "kind", "impl", "status", "shape", "M", "H", "E", "top_k", "I", "dtype", "position", "us", "tflops", "tb_s",
-    "ratio_vs_aiter", "config", "expected", "bitwise_equal", "n_diff", "max_abs", "max_ulp", "note",
+    "ratio_vs_aiter", "config", "expected", "bitwise_equal", "n_diff", "max_abs", "max_ulp", "verdict",
+    "note",
 ]  # fmt: skip
 SHAPES = "qwen3-next-tp4=2048x512x10x128,qwen3-30b-a3b=2048x128x8x768"  # name=H x E x top_k x I
 TIMED = ("triton", "aiter-triton-moe")
@@ -165,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                     **compare(alone[0], out[pos]), **base,
                 )  # fmt: skip
         print(f"[bench] {name}: {time.perf_counter() - t0:.1f}s", flush=True)
+    mark_invariance(rows, ("shape", "M"), lambda r: r["impl"] == CONTROL)
     path = write_csv(rows, COLUMNS + [f"env_{key}" for key in fp], Path(args.out), CSV_NAME)
     for r in rows:
         if r["kind"] == "timing" and r["status"] == "ok":
@@ -174,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         differ = [r["M"] for r in group if r["bitwise_equal"] is False]
         wrong = [r["M"] for r in group if (r["expected"] == "equal") != r["bitwise_equal"]]
         print(f"invariance {shape} {impl}: equal at M={equal}, differs at M={differ}, against the rule at M={wrong}")
+    print("\n".join(invariance_lines(rows, ("shape", "impl"))))
     print(f"[bench] wrote {len(rows)} rows to {path} in {time.perf_counter() - t0:.0f}s")
     return 0
 

@@ -18,13 +18,14 @@ State traffic is B*HV*K*V*4 bytes read plus the same written; `roofline_frac` di
 4.26 TB/s device-to-device copy roofline measured on the H200. Pools of B <= 64 fit in the 50 MB
 L2 (`fits_l2`), so small batches can run above the HBM roofline.
 
-Beside the timings the CSV has: correctness against fla and the torch reference; bitwise
-invariance of one request alone vs inside batches for `triton`, each fixed k_split, the control
-and fla; whether k_split and the V tiling change bits on this GPU (the known-variant check); a
-config sweep; the host-side cost of validation and routing; and `host` rows: host microseconds per
-eager call of Triton's bare launch, the compiled kernel's launcher, the wrapper (cached launch and
-`kernel[grid]`) and the public path with full validation, per B, with `public triton - bare`
-against the issue's <= 10 us target. Every row carries the environment
+Beside the timings the CSV has: correctness against fla and the torch reference; bitwise invariance
+of one request alone vs inside batches for `triton`, each fixed k_split, the control and fla, with
+each row's `verdict` within its batch (`mark_invariance`: an equality where the control was not
+caught is `insensitive`); whether k_split and the V tiling change bits on this GPU (the known-variant
+check); a config sweep; the host-side cost of validation and routing; and `host` rows: host
+microseconds per eager call of Triton's bare launch, the compiled kernel's launcher, the wrapper
+(cached launch and `kernel[grid]`) and the public path with full validation, per B, with `public
+triton - bare` against the issue's <= 10 us target. Every row carries the environment
 fingerprint. Run from the repository root:
 
     python3 benchmarks/bench_gdn_decode.py --out OUT_DIR           # the H200 run (~2 minutes)
@@ -44,7 +45,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ROOFLINE_TBPS, add_device_option, bench_device, fingerprinted, sync, time_graph, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import (  # noqa: E402  (the scripts' shared helpers)
+    ROOFLINE_TBPS,
+    add_device_option,
+    bench_device,
+    fingerprinted,
+    invariance_lines,
+    mark_invariance,
+    sync,
+    time_graph,
+    write_csv,
+)
 
 L2_BYTES = 50 * 2**20
 CSV_NAME = "bench_gdn_decode.csv"
@@ -76,6 +87,7 @@ COLUMNS = [
     "bitwise_equal",
     "n_diff",
     "max_abs",
+    "verdict",
     "note",
 ]
 
@@ -577,6 +589,7 @@ class Bench:
         return kargs, (B * HV * NV, 1, 1), td.DEFAULT_NUM_WARPS
 
     def write(self, out_dir: Path) -> Path:
+        mark_invariance(self.rows, ("HK", "HV", "B"), lambda r: r["impl"].endswith("by-batch"))
         return write_csv(self.rows, COLUMNS + [f"env_{k}" for k in self.fp], out_dir, CSV_NAME)
 
 
@@ -605,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"target {r['target']:30s} HK/HV {r['HK']}/{r['HV']} B={r['B']:5d} {r['impl']:20s} {value} met={r['target_met']}"
         )
+    print("\n".join(invariance_lines(bench.rows)))
     for r in errors:
         print(f"error {r['impl']} B={r['B']}: {r['note']}")
     return 1 if errors else 0

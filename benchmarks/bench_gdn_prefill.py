@@ -28,7 +28,8 @@ section (`invariance_cases`): a target alone vs batched, bitwise (`bitwise_equal
 the controls (which must differ): the registered ones (the chunk size by AITER's rule) and a
 bench-local one that sizes the state recurrence's segments by the batch; a target of 1000 tokens
 first among 15 of 100, and one the recurrence cuts into segments at a random position among 7 of
-random lengths (1 token to twice the target). The gates' A runs from 0.01 to 16 over the heads
+random lengths (1 token to twice the target); each row's `verdict` within its case
+(`mark_invariance`: our equality where no control was caught is `insensitive`). The gates' A runs from 0.01 to 16 over the heads
 (`decay_gates`), so that some heads remember across chunks and segments. Every row carries the
 environment fingerprint (`env_*`).
 
@@ -60,7 +61,16 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ROOFLINE_TBPS, add_device_option, bench_device, bf16_peak_tflops, sync, write_csv  # noqa: E402  (the scripts' shared helpers)
+from bench_common import (  # noqa: E402  (the scripts' shared helpers)
+    ROOFLINE_TBPS,
+    add_device_option,
+    bench_device,
+    bf16_peak_tflops,
+    invariance_lines,
+    mark_invariance,
+    sync,
+    write_csv,
+)
 
 os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")  # read when fla is imported (see gated_delta_rule/fla.py)
 
@@ -90,6 +100,7 @@ COLUMNS = [
     "bitwise_equal",
     "n_diff",
     "max_abs",
+    "verdict",
     "note",
 ]
 LAYER, PREFILL = "gdn_layer_prefill", "gdn_prefill"
@@ -475,6 +486,7 @@ class Bench:
         return [compare(x, y) for x, y in pairs]
 
     def write(self) -> Path:
+        mark_invariance(self.rows, ("op", "seq_len", "batch"), lambda r: "by-batch" in r["impl"])
         return write_csv(self.rows, COLUMNS + sorted(self.env), self.args.out, CSV_NAME)
 
 
@@ -529,10 +541,15 @@ def main(argv: list[str] | None = None) -> int:
     for op in (LAYER, PREFILL):
         for target, mates, position in invariance_cases(args):
             bench.invariance(op, target, mates, position)
+    path = bench.write()
     for r in bench.rows:
         if r["kind"] == "invariance":
-            print(f"invariance {r['op']:18s} {r['impl']:28s} bitwise_equal={r.get('bitwise_equal')}  ({r['note']})")
-    print(f"wrote {bench.write()}")
+            print(
+                f"invariance {r['op']:18s} {r['impl']:28s} bitwise_equal={r.get('bitwise_equal')}  {r['verdict']}"
+                f"  ({r['note']})"
+            )
+    print("\n".join(invariance_lines(bench.rows, ("op", "impl"))))
+    print(f"wrote {path}")
     return 0
 
 

@@ -25,4 +25,6 @@ def test_smoke(tmp_path, run_smoke, device):
     assert inv[("triton", "9")]["bitwise_equal"] == "True" and inv[("triton", "9")]["expected"] == "equal"
     control = inv[("triton-atomic-by-batch", "9")]
     assert control["bitwise_equal"] == "False" and control["expected"] == "differs"
+    assert (inv[("triton", "9")]["verdict"], control["verdict"]) == ("invariant", "caught")
+    assert "invariance tiny triton: invariant 1 (of 1 case)" in done.stdout
     assert "against the rule at M=[]" in done.stdout

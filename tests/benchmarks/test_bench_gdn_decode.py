@@ -27,7 +27,11 @@ def test_smoke(tmp_path, run_smoke, device):
     assert all(float(r["max_abs_vs_ref"]) < 2e-2 and float(r["state_max_abs_vs_ref"]) < 1e-4 for r in ours)
     inv = {r["impl"]: r["bitwise_equal"] for r in rows if r["kind"] == "invariance"}
     assert inv["triton"] == "True" and all(v == "True" for k, v in inv.items() if "k_split=" in k)
+    verdict = {r["impl"]: r["verdict"] for r in rows if r["kind"] == "invariance"}
+    caught = inv["triton-ksplit-by-batch"] == "False"
+    assert verdict["triton-ksplit-by-batch"] == ("caught" if caught else "NOT caught")
+    assert verdict["triton"] == ("invariant" if caught else "insensitive")
     if device.type == "cpu":
-        assert inv["triton-ksplit-by-batch"] == "False", "the control must be caught at B=13"
+        assert caught, "the control must be caught at B=13"
     if importlib.util.find_spec("fla") is not None:
         assert inv["fla"] == "True" and {"fla-gate", "fla-pre"} <= {r["impl"] for r in timing}

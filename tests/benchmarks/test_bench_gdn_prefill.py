@@ -35,3 +35,12 @@ def test_smoke(tmp_path, run_smoke, device):
         assert (op, "150", "triton-segments-by-batch") in controls
         assert (op, "40", "triton-segments-by-batch") not in controls, "one chunk: one segment in any batch"
     assert set(controls.values()) == {"False"} if device.type == "cpu" else set(controls.values()) <= {"True", "False"}
+    verdicts = {(r["op"], r["seq_len"], r["impl"]): r["verdict"] for r in inv}
+    for (op, seq_len, impl), verdict in verdicts.items():
+        if "by-batch" in impl:
+            assert verdict == ("caught" if controls[(op, seq_len, impl)] == "False" else "NOT caught")
+        else:  # ours: invariant where a control of its case was caught, else insensitive
+            seen = "False" in [v for (o, n, _), v in controls.items() if (o, n) == (op, seq_len)]
+            assert verdict == ("invariant" if seen else "insensitive")
+    if device.type == "cpu":
+        assert {v for (_, _, i), v in verdicts.items() if "by-batch" not in i} == {"invariant"}

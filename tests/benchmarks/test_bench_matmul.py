@@ -19,3 +19,9 @@ def test_smoke(tmp_path, run_smoke, device):
     assert inv["triton"] == "True"
     if device.type == "cpu":  # float32 on the CPU: a 1-row call takes another path (see matmul_native)
         assert inv["torch"] == "False"
+    verdict = {r["impl"]: r["verdict"] for r in rows if r["kind"] == "invariance"}
+    caught = inv["torch"] == "False"
+    assert verdict == {
+        "torch": "caught" if caught else "NOT caught",
+        "triton": "invariant" if caught else "insensitive",
+    }
