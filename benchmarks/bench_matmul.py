@@ -7,9 +7,10 @@ x [M, K] @ w [K, N] in bf16 for the projections of a Qwen3-8B-sized layer (hidde
 of x, w and out / time), `ratio_vs_torch` = torch_us / us (> 1: ours is faster).
 
 `invariance` rows compare row 0 of a 1-row call with row 0 of the 4096-row call (torch.equal) for
-both, per shape: ours must be equal; cuBLAS was measured to differ at K = N = 4096 from M = 64 up,
-and is the shape's control: `verdict` (`mark_invariance`) calls our equality `insensitive` at a
-shape where cuBLAS kept its bits.
+both, per shape: ours must be equal; cuBLAS is the shape's control. Which shapes cuBLAS changes
+depends on the GPU (an H200 changed 4096 x 4096 and 12288 x 4096, an H100 4096 x 6144 and 12288 x
+4096: data/bench/), so `verdict` (`mark_invariance`) calls our equality `insensitive` at a shape
+where cuBLAS kept its bits.
 Every row carries the environment fingerprint (`env_*`). Run from the repository root:
 
     python3 benchmarks/bench_matmul.py --out OUT_DIR            # the H200 run (well under a minute)
