@@ -20,18 +20,18 @@ The fla calls include the gather of the initial states from the pool and the sca
 ones (what the op contract requires), and run with FLA_DISABLE_BACKEND_DISPATCH=1 as the lab's fla
 backend does.
 
-Columns: `us` (do_bench median on the GPU, one call on the CPU), `tokens_per_s`, `speedup_vs_unfused`
-(the torch chain's or torch reference's us / this us) and `speedup_vs_fla` (fla-chain's or
-fla-chunk's us / this us), parity against the torch reference on fresh states (`max_abs_vs_ref`,
-`rel_mae_vs_ref` of the output, `state_max_abs_vs_ref` of the delta state), and an `invariance`
-section (`invariance_cases`): a target alone vs batched, bitwise (`bitwise_equal`), for ours and
-the controls (which must differ): the registered ones (the chunk size by AITER's rule) and a
-bench-local one that sizes the state recurrence's segments by the batch; a target of 1000 tokens
-first among 15 of 100, and one the recurrence cuts into segments at a random position among 7 of
-random lengths (1 token to twice the target); each row's `verdict` within its case
-(`mark_invariance`: our equality where no control was caught is `insensitive`). The gates' A runs from 0.01 to 16 over the heads
-(`decay_gates`), so that some heads remember across chunks and segments. Every row carries the
-environment fingerprint (`env_*`).
+Columns: `us` (do_bench median on the GPU, one call on the CPU), `tokens_per_s`,
+`speedup_vs_unfused` (the torch chain's or torch reference's us / this us) and `speedup_vs_fla`
+(fla-chain's or fla-chunk's us / this us), parity against the torch reference on fresh states
+(`max_abs_vs_ref`, `rel_mae_vs_ref` of the output, `state_max_abs_vs_ref` of the delta state), and
+an `invariance` section (`invariance_cases`): a target alone vs batched, bitwise (`bitwise_equal`),
+for ours and the controls (which must differ): the registered ones (the chunk size by AITER's rule)
+and a bench-local one that sizes the state recurrence's segments by the batch; a target of 1000
+tokens first among 15 of 100, and one the recurrence cuts into segments at a random position among 7
+of random lengths (1 token to twice the target); each row's `verdict` within its case
+(`mark_invariance`: our equality where no control was caught is `insensitive`). The gates' A runs
+from 0.01 to 16 over the heads (`decay_gates`), so that some heads remember across chunks and
+segments. Every row carries the environment fingerprint (`env_*`).
 
 How close each timing is to the H200's limit: `bytes_moved` (every input and output tensor once,
 the in-place states read and written), `flops` (the chunked delta rule's dots at chunk 64:
