@@ -1,7 +1,8 @@
 """Benchmark GDN prefill: the fused Triton layer against the unfused chains, the chunked Triton delta rule against fla.
 
-Qwen3-Next at TP4: HK/HV = 4/8, K = V = 128, conv width 4, bf16 activations, fp32 states, fp8 on;
-T in 1k, 4k, 16k total tokens, split into 1, 4 or 16 equal-length sequences (varlen, cu_seqlens).
+Qwen3-Next at TP4 and at TP1: HK/HV = 4/8 and 16/32 (`--heads`), K = V = 128, conv width 4, bf16
+activations, fp32 states, fp8 on; T in 1k, 4k, 16k, 64k total tokens, split into 1, 4 or 16
+equal-length sequences (varlen, cu_seqlens).
 
 gdn_layer_prefill (conv1d + split + gates + L2 norm + delta rule + gated RMSNorm + group-128 fp8):
 - `triton-fused`: ours (conv, prepare, state and output launches), conv and delta states updated in place;
@@ -121,12 +122,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_device_option(p)
     p.add_argument("--tokens", default=None, help="total tokens, e.g. 1024,4096,16384")
     p.add_argument("--batches", default=None, help="sequences per batch (equal lengths), e.g. 1,4,16")
+    p.add_argument(
+        "--heads", default=None, help="HK/HV pairs, e.g. 4/8,16/32 (default: both; smoke: 1/2); K = V = 128 (smoke 64)"
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.tokens = [int(t) for t in (args.tokens or ("64" if args.smoke else "1024,4096,16384,65536")).split(",")]
     args.batches = [int(b) for b in (args.batches or ("1,2" if args.smoke else "1,4,16")).split(",")]
-    args.shape = Shape(1, 2, 64) if args.smoke else Shape(4, 8, 128)
+    args.shapes = parse_heads(p, args.heads or ("1/2" if args.smoke else "4/8,16/32"), 64 if args.smoke else 128)
     return args
+
+
+def parse_heads(p: argparse.ArgumentParser, text: str, d: int) -> list[Shape]:
+    """--heads "HK/HV,...": one Shape per pair; HV a multiple of HK (GQA), both >= 1."""
+    try:
+        pairs = [tuple(int(x) for x in item.split("/")) for item in text.split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(h) != 2 or min(h) < 1 or h[1] % h[0] for h in pairs):
+        p.error(
+            f"--heads {text!r}: expected HK/HV pairs, both >= 1 and HV a multiple of HK, comma-separated (e.g. 4/8,16/32)"
+        )
+    return [Shape(hk, hv, d) for hk, hv in pairs]
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -356,10 +373,12 @@ class Bench:
         self.rows: list[dict[str, Any]] = []
         self.fla_ok, self.fla_reason = fla_available()
         self.peak_tflops = bf16_peak_tflops()
+        self.shape = args.shapes[0]  # the shape being measured (main sets each in turn)
 
     def row(self, **kw: Any) -> None:
-        s = self.args.shape
-        base = {"HK": s.hk, "HV": s.hv, "head_dim": s.d, "dtype": "bfloat16"}
+        s = self.shape
+        # heads: the printed summary's label (the CSV has HK and HV)
+        base = {"HK": s.hk, "HV": s.hv, "heads": f"{s.hk}/{s.hv}", "head_dim": s.d, "dtype": "bfloat16"}
         self.rows.append({**base, **kw, **self.env})
 
     def impls(self, op: str, args: dict[str, Any]) -> dict[str, tuple[Callable[[dict], Callable[[], Any]], bool]]:
@@ -384,7 +403,7 @@ class Bench:
     def timing(self, op: str, tokens: int, batch: int) -> None:
         lengths = [tokens // batch] * batch
         make = layer_inputs if op == LAYER else prefill_inputs
-        args = make(lengths, self.args.shape, self.device, self.args.seed)
+        args = make(lengths, self.shape, self.device, self.args.seed)
         state_key = "delta_state" if op == LAYER else "state"
         impls = self.impls(op, args)
         results: dict[str, dict[str, Any]] = {}
@@ -456,8 +475,8 @@ class Bench:
         lengths = [*mates[:position], target, *mates[position:]]
         seeds = [self.args.seed + 1 + i for i in range(len(lengths))]
         seeds[position] = self.args.seed  # the target's own seed, alone and batched
-        alone = make([target], self.args.shape, self.device, self.args.seed, seeds=[self.args.seed])
-        batched = make(lengths, self.args.shape, self.device, self.args.seed, seeds=seeds)
+        alone = make([target], self.shape, self.device, self.args.seed, seeds=[self.args.seed])
+        batched = make(lengths, self.shape, self.device, self.args.seed, seeds=seeds)
         for name, run in runs.items():
             common = {"kind": "invariance", "op": op, "impl": name, "tokens": sum(lengths)}
             common.update(batch=len(lengths), seq_len=target)
@@ -486,7 +505,7 @@ class Bench:
         return [compare(x, y) for x, y in pairs]
 
     def write(self) -> Path:
-        mark_invariance(self.rows, ("op", "seq_len", "batch"), lambda r: "by-batch" in r["impl"])
+        mark_invariance(self.rows, ("op", "HK", "HV", "seq_len", "batch"), lambda r: "by-batch" in r["impl"])
         return write_csv(self.rows, COLUMNS + sorted(self.env), self.args.out, CSV_NAME)
 
 
@@ -528,27 +547,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench_device(args)  # before any kernel module is imported
     bench = Bench(args)
-    for op in (LAYER, PREFILL):
-        for tokens in args.tokens:
-            for batch in args.batches:
-                bench.timing(op, tokens, batch)
-                r = [x for x in bench.rows if x["op"] == op and x["tokens"] == tokens and x["batch"] == batch]
-                print(
-                    f"{op:18s} T={tokens:6d} B={batch:3d}  "
-                    + "  ".join(f"{x['impl']}={x.get('us') or float('nan'):.0f}us" for x in r if x["kind"] == "timing"),
-                    flush=True,
-                )
-    for op in (LAYER, PREFILL):
-        for target, mates, position in invariance_cases(args):
-            bench.invariance(op, target, mates, position)
+    for shape in args.shapes:
+        bench.shape = shape
+        for op in (LAYER, PREFILL):
+            for tokens in args.tokens:
+                for batch in args.batches:
+                    before = len(bench.rows)
+                    bench.timing(op, tokens, batch)
+                    print(
+                        f"{op:18s} {shape.hk}/{shape.hv:<3d} T={tokens:6d} B={batch:3d}  "
+                        + "  ".join(f"{x['impl']}={x.get('us') or float('nan'):.0f}us" for x in bench.rows[before:]),
+                        flush=True,
+                    )
+        for op in (LAYER, PREFILL):
+            for target, mates, position in invariance_cases(args):
+                bench.invariance(op, target, mates, position)
     path = bench.write()
     for r in bench.rows:
         if r["kind"] == "invariance":
             print(
-                f"invariance {r['op']:18s} {r['impl']:28s} bitwise_equal={r.get('bitwise_equal')}  {r['verdict']}"
-                f"  ({r['note']})"
+                f"invariance {r['op']:18s} {r['heads']:5s} {r['impl']:28s} bitwise_equal={r.get('bitwise_equal')}"
+                f"  {r['verdict']}  ({r['note']})"
             )
-    print("\n".join(invariance_lines(bench.rows, ("op", "impl"))))
+    print("\n".join(invariance_lines(bench.rows, ("op", "heads", "impl"))))
     print(f"wrote {path}")
     return 0
 

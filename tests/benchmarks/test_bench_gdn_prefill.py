@@ -5,8 +5,20 @@ The controls' variance is asserted where it was measured at these shapes: the CP
 
 import csv
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("bench_gdn_prefill", ROOT / "benchmarks" / "bench_gdn_prefill.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -15,6 +27,7 @@ def test_smoke(tmp_path, run_smoke, device):
     with (tmp_path / "bench_gdn_prefill.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert all(r["env_torch"] and r["env_triton_interpret"] == str(device.type == "cpu") for r in rows)
+    assert {(r["HK"], r["HV"], r["head_dim"]) for r in rows} == {("1", "2", "64")}  # the smoke's one shape
     timing = [r for r in rows if r["kind"] == "timing"]
     assert {(r["op"], r["impl"]) for r in timing} >= {
         ("gdn_layer_prefill", "triton-fused"),
@@ -44,3 +57,15 @@ def test_smoke(tmp_path, run_smoke, device):
             assert verdict == ("invariant" if seen else "insensitive")
     if device.type == "cpu":
         assert {v for (_, _, i), v in verdicts.items() if "by-batch" not in i} == {"invariant"}
+
+
+def test_the_heads_default_to_both_targets_shapes_and_bad_pairs_are_refused(tmp_path, capsys):
+    bench = load()
+    shapes = bench.parse_args(["--out", str(tmp_path)]).shapes
+    assert [(s.hk, s.hv, s.d) for s in shapes] == [(4, 8, 128), (16, 32, 128)]
+    assert [(s.hk, s.hv) for s in bench.parse_args(["--out", "x", "--heads", "2/8"]).shapes] == [(2, 8)]
+    for bad in ("4/6", "4", "0/8", "a/b", "4/8,"):
+        with pytest.raises(SystemExit) as exc:
+            bench.parse_args(["--out", str(tmp_path), "--heads", bad])
+        assert exc.value.code == 2
+        assert f"--heads {bad!r}: expected HK/HV pairs" in capsys.readouterr().err
