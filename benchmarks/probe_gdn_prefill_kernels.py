@@ -12,9 +12,10 @@ output) at other warp counts and stages, the output at other V tiles: the data f
 
 Usage:
     python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR          # the H200 run (~1 minute)
+    python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR --heads 16/32 --tokens 16384,65536
     python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR --smoke  # tiny shapes (CPU interpreter; see --device)
 
-Writes OUT_DIR/probe_gdn_prefill_kernels.csv: one row per (tokens, sequences, launch) with `us`
+Writes OUT_DIR/probe_gdn_prefill_kernels.csv: one row per (HK/HV, tokens, sequences, launch) with `us`
 (do_bench median on a GPU, one call on the CPU), and for variants block_v (state, output), num_warps,
 num_stages, segment_chunks and segment_from (state) and the status (a variant the GPU cannot run says why); every row carries the environment
 fingerprint (`env_*`).
@@ -31,10 +32,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import add_device_option, bench_device, sync, write_csv  # noqa: E402
-from bench_gdn_prefill import Shape, call_once, do_bench_us, fresh, prefill_inputs  # noqa: E402
+from bench_gdn_prefill import call_once, do_bench_us, fresh, parse_heads, prefill_inputs  # noqa: E402
 
 CSV = "probe_gdn_prefill_kernels.csv"
 COLUMNS = [
+    "HK",
+    "HV",
     "tokens",
     "batch",
     "launch",
@@ -109,13 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--smoke", action="store_true", help="tiny shapes, seconds (CPU interpreter; see --device)")
     add_device_option(p)
+    p.add_argument("--heads", default=None, help="HK/HV pairs, e.g. 4/8,16/32 (default 4/8; smoke 1/2)")
+    p.add_argument("--tokens", default=None, help="total tokens, e.g. 16384,65536 (default 4096,16384,65536)")
     args = p.parse_args(argv)
+    shapes = parse_heads(p, args.heads or ("1/2" if args.smoke else "4/8"), 64 if args.smoke else 128)
     device = bench_device(args)
     from gdn_lab.environment import fingerprint
 
     env = {f"env_{k}": v for k, v in fingerprint(device).items()}
-    shape = Shape(1, 2, 64) if args.smoke else Shape(4, 8, 128)
-    cases = [(128, 1), (128, 2)] if args.smoke else [(t, n) for t in (4096, 16384, 65536) for n in (1, 4, 16)]
+    totals = [int(t) for t in args.tokens.split(",")] if args.tokens else (128,) if args.smoke else (4096, 16384, 65536)
+    cases = [(s, t, n) for s in shapes for t in totals for n in ((1, 2) if args.smoke else (1, 4, 16))]
     variants = VARIANTS[2:3] if args.smoke else VARIANTS
     parallel = PARALLEL_VARIANTS[:1] if args.smoke else PARALLEL_VARIANTS
     output_tiles = OUTPUT_TILES[:1] if args.smoke else OUTPUT_TILES
@@ -123,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     # do_bench's median on a GPU, one synchronised call on the CPU (the bench's own timers)
     time_us = do_bench_us if device.type == "cuda" else (lambda fn: call_once(fn, device)[0])
     rows = []
-    for tokens, batch in cases:
+    for shape, tokens, batch in cases:
+        case = {"HK": shape.hk, "HV": shape.hv, "tokens": tokens, "batch": batch}
         calls = launches(prefill_inputs([tokens // batch] * batch, shape, device, seed=0), device)
         for name, make in calls.items():
             fn = make()
             fn()  # compile
-            rows.append({"tokens": tokens, "batch": batch, "launch": name, "us": time_us(fn), "status": "ok", **env})
+            rows.append({**case, "launch": name, "us": time_us(fn), "status": "ok", **env})
         first = len(rows)
         tried = [("state", {"block_v": bv, "num_warps": w, "num_stages": st}) for bv, w, st in variants]
         tried += [
@@ -138,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         tried += [(name, {"num_warps": w, "num_stages": st}) for name in ("prepare", "output") for w, st in parallel]
         tried += [("output", {"block_v": bv, "num_warps": w}) for bv, w in output_tiles]
         for name, opts in tried:
-            row = {"tokens": tokens, "batch": batch, "launch": name, **opts, **env}
+            row = {**case, "launch": name, **opts, **env}
             try:
                 fn = calls[name](**opts)
                 fn()
@@ -148,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
         sync(device)
         print(
-            f"T={tokens:6d} N={batch:3d}  "
+            f"{shape.hk}/{shape.hv} T={tokens:6d} N={batch:3d}  "
             + "  ".join(f"{r['launch']}={r['us']:.0f}us" for r in rows[first - len(calls) : first]),
             flush=True,
         )

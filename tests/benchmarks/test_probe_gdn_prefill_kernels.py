@@ -10,6 +10,7 @@ def test_smoke(tmp_path, run_smoke):
     launches = {r["launch"] for r in rows}
     assert launches == {"plan+scratch", "prepare", "state", "output", "backend"}
     assert all(r["status"] == "ok" and float(r["us"]) > 0 for r in rows) and rows[0]["env_torch"]
+    assert {(r["HK"], r["HV"], r["tokens"]) for r in rows} == {("1", "2", "128")}
     assert any(r["block_v"] for r in rows if r["launch"] == "state")
     assert any(r["block_v"] for r in rows if r["launch"] == "output")
     assert {r["launch"] for r in rows if r["num_warps"] and not r["block_v"] and not r["segment_chunks"]} == {
