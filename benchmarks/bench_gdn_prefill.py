@@ -528,8 +528,9 @@ def segments_by_batch(**args) -> torch.Tensor:
 def invariance_cases(args: argparse.Namespace) -> list[tuple[int, list[int], int]]:
     """(target tokens, batchmates' tokens, the target's position): a short target among 15 short
     mates, first (the controls chunk by 64 alone and by 32 in it: 16 sequences, <= 3071 tokens), and
-    a target the state recurrence cuts into segments (past SEGMENT_FROM tokens by a segment and a
-    part) at a random position among 7 mates of random lengths, from 1 token to twice the target."""
+    a target past SEGMENT_FROM tokens by a segment and a part (which the state recurrence cuts into
+    segments at shapes of few heads, `segment_from_of`, and the segments-by-batch control at any)
+    at a random position among 7 mates of random lengths, from 1 token to twice the target."""
     from gdn_lab.ops.delta_rule import CHUNK_SIZE
     from gdn_lab.ops.delta_rule_triton import SEGMENT_CHUNKS, SEGMENT_FROM
 

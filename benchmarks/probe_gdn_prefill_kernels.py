@@ -1,7 +1,8 @@
 """Where gdn_prefill's `triton` backend spends its time: each of its launches alone, and their options.
 
 The backend (gdn_lab.ops.delta_rule_triton) is a chunk plan and a segment plan, the chunk-parallel
-prepare, the state recurrence (segment-parallel for sequences past SEGMENT_FROM tokens: the maps
+prepare, the state recurrence (segment-parallel for sequences past the shape's threshold,
+`segment_from_of`: the maps
 of segments of SEGMENT_CHUNKS chunks, the segments' entering states, then every segment; a
 sequence of one segment takes the last launch alone), and the chunk-parallel output. This probe times each through the
 backend's own launch functions on the bench's inputs (benchmarks/bench_gdn_prefill.py), the whole
@@ -86,7 +87,7 @@ def launches(args: dict, device: torch.device) -> dict:
     run = D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE)
     gates = [a[x] for x in ("a", "b", "A_log", "dt_bias")]
 
-    def state_launches(segment_chunks=D.SEGMENT_CHUNKS, segment_from=D.SEGMENT_FROM, **tile):
+    def state_launches(segment_chunks=D.SEGMENT_CHUNKS, segment_from=None, **tile):
         if segment_chunks == "serial":
             segment_chunks, segment_from = D.SEGMENT_CHUNKS, q.shape[0]  # every sequence one segment
         seg = D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE, segment_chunks, segment_from)

@@ -12,10 +12,11 @@ that only the state recurrence walks a sequence, segment by segment:
 2. `run_state_kernel`'s launches: `_state_kernel`, one program per (segment, value head, V tile),
    chunk after chunk: it stores the state entering each chunk, turns u into v_new = u - w S (S as
    [K, V]), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to
-   the pool. A sequence of more than SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS
-   chunks, whose entering states come from the segments' affine maps (the same kernel, TRANSFER)
-   through `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence), and a
-   call in which no sequence can be cut is the state kernel alone (FROM_POOL).
+   the pool. Where one sequence's heads leave the GPU idle (`segment_from_of`), a sequence of more
+   than SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS chunks, whose entering states
+   come from the segments' affine maps (the same kernel, TRANSFER) through
+   `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence), and a call in
+   which no sequence can be cut is the state kernel alone (FROM_POOL).
 3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values), chunk-major:
    o = exp(G) (q S_c) + (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
 
@@ -25,8 +26,8 @@ interleaved b/a (`run_prepare_kernel` takes the row strides), the output in floa
 Nothing here knows the layer.
 
 Why the bits cannot follow the batch: chunks and segments start at each sequence's first token,
-whether and where a sequence is cut follows from its own length, a program reads only its own
-sequence, and the chunk and segment sizes, tiles, num_warps and dot precision are fixed per shape
+whether and where a sequence is cut follows from its own length and the model's shape, a program
+reads only its own sequence, and the chunk and segment sizes, tiles, num_warps and dot precision are fixed per shape
 and dtype, never per batch; there are no atomics, and the one computation split across programs
 (a cut sequence's segments, joined through their maps in order) is split by the sequence's own
 length. The batch moves where a chunk's scratch lives, not what is computed. The registered
@@ -43,6 +44,7 @@ backend: Triton 3.9's interpreter truncates fp32 -> bf16 and drops the carry in 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -458,6 +460,19 @@ OUTPUT_BLOCK_V = 64
 OUTPUT_WARPS = 4
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
 SEGMENT_FROM = 16384  # a sequence of more tokens than this is split into segments (never per batch)
+# From this many programs in one sequence's serial recurrence (value heads x V tiles) on, its heads
+# alone fill the GPU (132 SMs on the H100 and H200) and cutting only adds the maps' work. At 65536
+# tokens in one sequence on an H100 (probe_gdn_prefill_kernels of ced32d5): 8 value heads (32
+# programs) took 1.8 ms cut and 3.0 ms serial, 32 (128 programs) 9.1 ms cut and 2.8 ms serial.
+SERIAL_FILLS_AT = 128
+
+
+def segment_from_of(num_v_heads: int, v_dim: int, k_dim: int) -> int:
+    """The state recurrence's default cut threshold for a shape: SEGMENT_FROM tokens where one
+    sequence's serial recurrence leaves the GPU idle, none (sys.maxsize) where its programs fill
+    it. A property of the model's shape, the same for every batch."""
+    programs = num_v_heads * (v_dim // min(v_dim, k_dim, STATE_BLOCK_V))
+    return SEGMENT_FROM if programs < SERIAL_FILLS_AT else sys.maxsize
 
 
 @dataclass(frozen=True)
@@ -595,11 +610,14 @@ def chunked_run(
     head_k_dim: int,
     chunk_size: int,
     segment_chunks: int = SEGMENT_CHUNKS,
-    segment_from: int = SEGMENT_FROM,
+    segment_from: int | None = None,
 ) -> ChunkedRun:
-    """The plans, scratch and dot precision of a call writing `out` ([T, HV, V] in the input dtype)."""
+    """The plans, scratch and dot precision of a call writing `out` ([T, HV, V] in the input dtype);
+    segment_from None: the shape's default (`segment_from_of`)."""
     T, HV, V = out.shape
     HK, K, device = num_k_heads, head_k_dim, out.device
+    if segment_from is None:
+        segment_from = segment_from_of(HV, V, K)
     segment = chunk_size * segment_chunks
     cut_from = max(segment_from, segment)
     if cut_from < T:  # some sequence may be cut
@@ -690,8 +708,9 @@ def run_state_kernel(
     the parallel scans of linear recurrences (Blelloch, "Prefix sums and their applications",
     1990; Martin & Cundy, "Parallelizing linear recurrent neural nets over sequence length",
     ICLR 2018), a segment of chunks is one affine map that can be built before its entering state
-    is known. A sequence of more than `SEGMENT_FROM` tokens is cut into segments of
-    `SEGMENT_CHUNKS` chunks (the last one the rest); then three launches: every segment's map
+    is known. A sequence of more than the shape's threshold (`segment_from_of`: SEGMENT_FROM
+    tokens where one sequence's heads leave the GPU idle, none where they fill it) is cut into
+    segments of `SEGMENT_CHUNKS` chunks (the last one the rest); then three launches: every segment's map
     (M, D) at once, all but each sequence's last, by the chunk step itself on [K, V + K] columns
     (`_state_kernel`, TRANSFER; only where some sequence is cut); each sequence's segment entering
     states, through the maps in order (`_segment_starts_kernel`, a [K, K] x [K, V] product per
@@ -699,9 +718,10 @@ def run_state_kernel(
     state at once. The delta rule's A_j = exp(g) I - kd^T w is a full [K, K], so a map costs K
     more columns, about twice a segment's serial work; the columns are independent, which makes
     the tiles free. A shorter sequence is one segment: the serial recurrence. What is cut, and
-    where, follows from the sequence's own length, so the bits depend on the request only; the
-    threshold keeps the maps' extra work to sequences long enough for the parallel segments to
-    pay (benchmarks/probe_gdn_prefill_kernels.py times both). A call of too few tokens for any
+    where, follows from the sequence's own length and the model's shape, so the bits depend on
+    the request only; the threshold keeps the maps' extra work to sequences long enough, and
+    heads few enough, for the parallel segments to pay (benchmarks/probe_gdn_prefill_kernels.py
+    times both). A call of too few tokens for any
     sequence to be cut is one launch, each sequence from its pool state (FROM_POOL; the same
     values as through starts, so the same bits): the segment plan and the entering-state copy
     took two of a 1k-token call's six launches, whose host side bounds its time.
@@ -759,7 +779,7 @@ def gdn_prefill_chunked(
     q, k, v, a, b, A_log, dt_bias, cu_seqlens, state, slots, scale, use_qk_l2norm,
     chunk_size: int = CHUNK_SIZE,
     segment_chunks: int = SEGMENT_CHUNKS,
-    segment_from: int = SEGMENT_FROM,
+    segment_from: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """gdn_prefill with the chunked kernels (arguments as gdn_prefill's validate()); returns [T, HV, V].
 

@@ -36,7 +36,6 @@ import triton.language as tl
 from gdn_lab.ops.delta_rule import CHUNK_SIZE
 from gdn_lab.ops.delta_rule_triton import (
     SEGMENT_CHUNKS,
-    SEGMENT_FROM,
     chunk_rows,
     chunked_run,
     run_output_kernel,
@@ -409,11 +408,11 @@ def gdn_layer_prefill_fused(
     fp8_dtype,
     chunk_size: int = CHUNK_SIZE,
     segment_chunks: int = SEGMENT_CHUNKS,
-    segment_from: int = SEGMENT_FROM,
+    segment_from: int | None = None,
 ):
     """gdn_layer_prefill (arguments as its validate() returns them: vectors contiguous) with the
-    fused kernels; chunk 64 and the state recurrence's default segments (`run_state_kernel`) unless
-    given (the controls change them).
+    fused kernels; chunk 64 and the state recurrence's default segments for the shape
+    (`run_state_kernel`) unless given (the controls change them).
 
     conv_state and delta_state (contiguous) are updated in place at cache_indices.
 

@@ -164,6 +164,29 @@ def test_only_sequences_past_the_threshold_are_cut(device):
     assert rel_mae(seg_out[40:], one_out[40:]) <= 1e-2 and rel_mae(seg_state[1], one_state[1]) <= 1e-2
 
 
+def test_the_default_cut_follows_the_shape(device, monkeypatch):
+    """By default a sequence past SEGMENT_FROM tokens is cut only where its heads leave the GPU idle
+    (value heads x V tiles below SERIAL_FILLS_AT programs); with more heads it runs the serial
+    recurrence, bitwise. Qwen3-Next's value heads at TP4 (8) cut, at TP1 (32) do not."""
+    import sys
+
+    from gdn_lab.ops import delta_rule_triton as D
+
+    assert D.segment_from_of(8, 128, 128) == D.SEGMENT_FROM and D.segment_from_of(32, 128, 128) == sys.maxsize
+    monkeypatch.setattr(D, "SEGMENT_FROM", SEGMENTED["segment_from"])
+    monkeypatch.setattr(D, "SERIAL_FILLS_AT", 4)
+    assert D.segment_from_of(1, 64, 64) == SEGMENTED["segment_from"] and D.segment_from_of(1, 128, 128) == sys.maxsize
+    sizes = {"chunk_size": SEGMENTED["chunk_size"], "segment_chunks": SEGMENTED["segment_chunks"]}
+    for hv, cut in ((2, True), (4, False)):  # d 16: one V tile per head
+        args = batch_args([3, 4], [40, 150], [0, 1], device, hk=1, hv=hv, d=16, dtype=torch.bfloat16)
+        out, state = chunked(args, **sizes)
+        cut_out, cut_state = chunked(args, **SEGMENTED)
+        serial_out, serial_state = chunked(args, **sizes, segment_from=10**6)
+        assert not torch.equal(cut_state[1], serial_state[1]), "the cut and the serial run round otherwise"
+        want_out, want_state = (cut_out, cut_state) if cut else (serial_out, serial_state)
+        assert torch.equal(out, want_out) and torch.equal(state[:2], want_state[:2]), f"hv {hv}"  # [2:]: NaN spares
+
+
 @pytest.mark.parametrize("target", [130, 37], ids=["five-segments", "one-segment"])
 def test_segment_parallel_recurrence_is_bitwise_alone_vs_batched(device, target):
     """Segments start at each sequence's own first token: the target's bits do not follow its batch,
