@@ -461,10 +461,11 @@ OUTPUT_WARPS = 4
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
 SEGMENT_FROM = 16384  # a sequence of more tokens than this is split into segments (never per batch)
 # From this many programs in one sequence's serial recurrence (value heads x V tiles) on, its heads
-# alone fill the GPU (132 SMs on the H100 and H200) and cutting only adds the maps' work. At 65536
-# tokens in one sequence on an H100 (probe_gdn_prefill_kernels of ced32d5): 8 value heads (32
-# programs) took 1.8 ms cut and 3.0 ms serial, 32 (128 programs) 9.1 ms cut and 2.8 ms serial.
-SERIAL_FILLS_AT = 128
+# keep the GPU busy enough that cutting only adds the maps' work (about twice the serial work, and
+# more programs than the GPU's 132 SMs). At 65536 tokens in one sequence on an H100
+# (probe_gdn_prefill_kernels of ced32d5 and 33890c0, K = V = 128): 8 value heads (32 programs) took
+# 1.8 ms cut and 3.0 ms serial, 16 (64) 4.2 and 2.8 ms, 32 (128) 9.1 and 2.8 ms.
+SERIAL_FILLS_AT = 64
 
 
 def segment_from_of(num_v_heads: int, v_dim: int, k_dim: int) -> int:

@@ -167,12 +167,13 @@ def test_only_sequences_past_the_threshold_are_cut(device):
 def test_the_default_cut_follows_the_shape(device, monkeypatch):
     """By default a sequence past SEGMENT_FROM tokens is cut only where its heads leave the GPU idle
     (value heads x V tiles below SERIAL_FILLS_AT programs); with more heads it runs the serial
-    recurrence, bitwise. Qwen3-Next's value heads at TP4 (8) cut, at TP1 (32) do not."""
+    recurrence, bitwise. Qwen3-Next's value heads at TP4 (8) cut, at TP2 (16) and TP1 (32) do not."""
     import sys
 
     from gdn_lab.ops import delta_rule_triton as D
 
-    assert D.segment_from_of(8, 128, 128) == D.SEGMENT_FROM and D.segment_from_of(32, 128, 128) == sys.maxsize
+    assert D.segment_from_of(8, 128, 128) == D.SEGMENT_FROM
+    assert D.segment_from_of(16, 128, 128) == D.segment_from_of(32, 128, 128) == sys.maxsize
     monkeypatch.setattr(D, "SEGMENT_FROM", SEGMENTED["segment_from"])
     monkeypatch.setattr(D, "SERIAL_FILLS_AT", 4)
     assert D.segment_from_of(1, 64, 64) == SEGMENTED["segment_from"] and D.segment_from_of(1, 128, 128) == sys.maxsize
