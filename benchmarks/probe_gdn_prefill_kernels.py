@@ -2,14 +2,14 @@
 
 The backend (gdn_lab.ops.delta_rule_triton) is a chunk plan and a segment plan, the chunk-parallel
 prepare, the state recurrence (segment-parallel for sequences past the shape's threshold,
-`segment_from_of`: the maps
-of segments of SEGMENT_CHUNKS chunks, the segments' entering states, then every segment; a
-sequence of one segment takes the last launch alone), and the chunk-parallel output. This probe times each through the
-backend's own launch functions on the bench's inputs (benchmarks/bench_gdn_prefill.py), the whole
-backend call beside them, the state recurrence at other segment lengths (`serial`: one segment per
-sequence), V tiles, warp counts and pipeline stages, and the chunk-parallel launches (prepare,
-output) at other warp counts and stages, the output at other V tiles: the data for choosing each kernel's fixed configuration
-(it must not follow the batch) and for seeing which launch to speed up next.
+`segment_from_of`: the maps of segments of SEGMENT_CHUNKS chunks, the segments' entering states,
+then every segment; a sequence of one segment takes the last launch alone), and the
+chunk-parallel output. This probe times each through the backend's own launch functions on the
+bench's inputs (benchmarks/bench_gdn_prefill.py), the whole backend call beside them, the state
+recurrence at other segment lengths (`serial`: one segment per sequence), V tiles, warp counts and
+pipeline stages, and the chunk-parallel launches (prepare, output) at other warp counts and
+stages, the output at other V tiles: the data for choosing each kernel's fixed configuration (it
+must not follow the batch) and for seeing which launch to speed up next.
 
 Usage:
     python3 benchmarks/probe_gdn_prefill_kernels.py --out OUT_DIR          # the H200 run (~1 minute)

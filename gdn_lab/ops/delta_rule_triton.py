@@ -27,10 +27,10 @@ Nothing here knows the layer.
 
 Why the bits cannot follow the batch: chunks and segments start at each sequence's first token,
 whether and where a sequence is cut follows from its own length and the model's shape, a program
-reads only its own sequence, and the chunk and segment sizes, tiles, num_warps and dot precision are fixed per shape
-and dtype, never per batch; there are no atomics, and the one computation split across programs
-(a cut sequence's segments, joined through their maps in order) is split by the sequence's own
-length. The batch moves where a chunk's scratch lives, not what is computed. The registered
+reads only its own sequence, and the chunk and segment sizes, tiles, num_warps and dot precision
+are fixed per shape and dtype, never per batch; there are no atomics, and the one computation
+split across programs (a cut sequence's segments, joined through their maps in order) is split by
+the sequence's own length. The batch moves where a chunk's scratch lives, not what is computed. The registered
 controls (`*_by_batch`) change exactly one thing, the chunk size, following AITER's rule
 (benchmarks/bench_gdn_prefill.py adds one that sizes the segments by the batch).
 
@@ -459,7 +459,7 @@ STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batc
 OUTPUT_BLOCK_V = 64
 OUTPUT_WARPS = 4
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
-SEGMENT_FROM = 16384  # a sequence of more tokens than this is split into segments (never per batch)
+SEGMENT_FROM = 16384  # a longer sequence is split into segments at shapes of few heads (never per batch)
 # From this many programs in one sequence's serial recurrence (value heads x V tiles) on, its heads
 # keep the GPU busy enough that cutting only adds the maps' work (about twice the serial work, and
 # more programs than the GPU's 132 SMs). At 65536 tokens in one sequence on an H100
@@ -711,21 +711,21 @@ def run_state_kernel(
     ICLR 2018), a segment of chunks is one affine map that can be built before its entering state
     is known. A sequence of more than the shape's threshold (`segment_from_of`: SEGMENT_FROM
     tokens where one sequence's heads leave the GPU idle, none where they fill it) is cut into
-    segments of `SEGMENT_CHUNKS` chunks (the last one the rest); then three launches: every segment's map
-    (M, D) at once, all but each sequence's last, by the chunk step itself on [K, V + K] columns
-    (`_state_kernel`, TRANSFER; only where some sequence is cut); each sequence's segment entering
-    states, through the maps in order (`_segment_starts_kernel`, a [K, K] x [K, V] product per
-    segment; for an uncut sequence a copy of its pool state); every segment from its entering
-    state at once. The delta rule's A_j = exp(g) I - kd^T w is a full [K, K], so a map costs K
+    segments of `SEGMENT_CHUNKS` chunks (the last one the rest); then three launches: every
+    segment's map (M, D) at once, all but each sequence's last, by the chunk step itself on
+    [K, V + K] columns (`_state_kernel`, TRANSFER; only where some sequence is cut); each
+    sequence's segment entering states, through the maps in order (`_segment_starts_kernel`, a
+    [K, K] x [K, V] product per segment; for an uncut sequence a copy of its pool state); every
+    segment from its entering state at once. The delta rule's A_j = exp(g) I - kd^T w is a full [K, K], so a map costs K
     more columns, about twice a segment's serial work; the columns are independent, which makes
     the tiles free. A shorter sequence is one segment: the serial recurrence. What is cut, and
     where, follows from the sequence's own length and the model's shape, so the bits depend on
     the request only; the threshold keeps the maps' extra work to sequences long enough, and
     heads few enough, for the parallel segments to pay (benchmarks/probe_gdn_prefill_kernels.py
-    times both). A call of too few tokens for any
-    sequence to be cut is one launch, each sequence from its pool state (FROM_POOL; the same
-    values as through starts, so the same bits): the segment plan and the entering-state copy
-    took two of a 1k-token call's six launches, whose host side bounds its time.
+    times both). A call of too few tokens for any sequence to be cut is one launch, each sequence
+    from its pool state (FROM_POOL; the same values as through starts, so the same bits): the
+    segment plan and the entering-state copy took two of a 1k-token call's six launches, whose
+    host side bounds its time.
 
     The tile and launch options are arguments only for the kernel probe
     (benchmarks/probe_gdn_prefill_kernels.py); the backends use the defaults.
