@@ -468,11 +468,16 @@ SEGMENT_FROM = 16384  # a longer sequence is split into segments at shapes of fe
 SERIAL_FILLS_AT = 64
 
 
+def state_tile(v_dim: int, k_dim: int, block_v: int = STATE_BLOCK_V) -> int:
+    """The state kernel's V tile: block_v values, at most V and K."""
+    return min(v_dim, k_dim, block_v)
+
+
 def segment_from_of(num_v_heads: int, v_dim: int, k_dim: int) -> int:
     """The state recurrence's default cut threshold for a shape: SEGMENT_FROM tokens where one
     sequence's serial recurrence leaves the GPU idle, none (sys.maxsize) where its programs fill
     it. A property of the model's shape, the same for every batch."""
-    programs = num_v_heads * (v_dim // min(v_dim, k_dim, STATE_BLOCK_V))
+    programs = num_v_heads * (v_dim // state_tile(v_dim, k_dim))
     return SEGMENT_FROM if programs < SERIAL_FILLS_AT else sys.maxsize
 
 
@@ -732,7 +737,7 @@ def run_state_kernel(
     """
     HV, V, K = state.shape[1:]
     s = run.scratch
-    bv = min(V, K, block_v)
+    bv = state_tile(V, K, block_v)
     segs, n = run.segments, slots.numel()
     args = dict(
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
