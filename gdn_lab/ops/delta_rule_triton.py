@@ -4,8 +4,9 @@ which gdn_layer_prefill's Triton chain runs too, and the @triton.jit pieces its 
 Three stages split the work as fla's chunk_gated_delta_rule and AITER's fused prefill do, so
 that only the state recurrence walks a sequence, segment by segment:
 
-1. `_prepare_kernel`, one program per (chunk, value head), all chunks at once: the L2 norm of q
-   and k, the gates (`chunk_gates`), the chunk's cumulative log decay G,
+1. `_prepare_kernel`, one program per (chunk, value head), all chunks at once: the L2 norm
+   factors of q and k (the later launches scale the input rows by them: `normalized_rows`), the
+   gates (`chunk_gates`), the chunk's cumulative log decay G,
    A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 (blocked: `_unit_lower_inverse`),
    w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into fp32 scratch, k and v
    in column pieces.
@@ -22,7 +23,8 @@ that only the state recurrence walks a sequence, segment by segment:
 
 The layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) runs these three stages between its
 own conv and norm launches: the prepare on column views of its conv output and of its
-interleaved b/a (`run_prepare_kernel` takes the row strides), the output in float32 over u.
+interleaved b/a (`run_prepare_kernel` takes the row strides; the state and output launches read
+the same views), the output in float32 over u.
 Nothing here knows the layer.
 
 Why the bits cannot follow the batch: chunks and segments start at each sequence's first token,
@@ -55,12 +57,6 @@ from gdn_lab.ops.delta_rule import CHUNK_SIZE, L2NORM_EPS, SOFTPLUS_THRESHOLD
 from gdn_lab.ops.triton_common import dot_precision, grid_args, round_rne
 
 # --- device helpers (`chunk_rows` serves the layer's own kernels too) ------------------------------
-
-
-@triton.jit
-def l2norm_rows(x, EPS: tl.constexpr):
-    """Each row of x [BT, D] times rsqrt(sum(row^2) + EPS)."""
-    return x * tl.math.rsqrt(tl.sum(x * x, 1) + EPS)[:, None]
 
 
 @triton.jit
@@ -153,11 +149,12 @@ def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, o_v, HV: tl.constexpr, V: tl.c
 
 @triton.jit
 def chunk_output(
-    qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, o_v,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+    q, k, norms, scale, us, gs, hs, rows, m_live, live, i_c, i_h, o_v,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, QK_ROW: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
     """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, len(o_v)] float32
-    rows of chunk i_c, at the value columns o_v.
+    rows of chunk i_c, at the value columns o_v; q and k normalized here (`normalized_rows`).
 
     Rows outside m_live, and every row of a padding sequence (live False), read zeros. Callers fix
     the columns per shape, never per batch; on the H200 and in the interpreter every tiling
@@ -168,9 +165,8 @@ def chunk_output(
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     incl = o_t[:, None] >= o_t[None, :]
-    p_qk = rows[:, None] * (HK * K) + i_kh * K + o_k[None, :]
-    b_q = tl.load(qs + p_qk, mask=m_live[:, None], other=0.0)
-    b_k = tl.load(ks + p_qk, mask=m_live[:, None], other=0.0)
+    b_q = normalized_rows(q, norms, rows, m_live, i_kh, 0, HK, K, QK_ROW) * scale
+    b_k = normalized_rows(k, norms, rows, m_live, i_kh, 1, HK, K, QK_ROW)
     b_G = tl.load(gs + rows * HV + i_h, mask=m_live, other=0.0)
     b_vn = tl.load(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
     b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
@@ -185,6 +181,17 @@ def chunk_output(
 def _load_rows(x, rows, cols, m_t, ROW: tl.constexpr):
     """x[rows][:, cols] of a row-major [T, ROW] input as float32 [BT, len(cols)]; rows outside m_t read 0."""
     return tl.load(x + rows[:, None] * ROW + cols[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def normalized_rows(
+    x, norms, rows, m_t, i_kh, WHICH: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, ROW: tl.constexpr
+):
+    """Key head i_kh's rows of q (WHICH 0) or k (1), float32 [BT, K], times the factors the prepare
+    kernel stored in norms ([T, HK, 2]). Rows outside m_t read 0, their factors too (never written
+    there: 0 times whatever the memory holds could be NaN)."""
+    r = tl.load(norms + rows * (HK * 2) + i_kh * 2 + WHICH, mask=m_t, other=0.0)
+    return _load_rows(x, rows, i_kh * K + tl.arange(0, K), m_t, ROW) * r[:, None]
 
 
 # --- kernels -----------------------------------------------------------------------------------
@@ -203,12 +210,10 @@ def _prepare_kernel(
     slots,
     chunk_seq,
     chunk_cu,
-    qs,
-    ks,
+    norms,
     ws,
     us,
     gs,
-    scale,
     N,
     HK: tl.constexpr,
     HV: tl.constexpr,
@@ -249,7 +254,9 @@ def _prepare_kernel(
 
     # k and v in column pieces, k read again for w after T: fewer tiles live across the inverse
     # (the launch 732 against 864 us with whole tiles at 65536 tokens on the H200, the same error;
-    # data/bench/h200/README.md). kk comes from the raw rows scaled by their norms.
+    # data/bench/h200/README.md). kk comes from the raw rows scaled by their norms. Normalized q and
+    # k are not stored: their norm factors are, and the later launches read the raw rows (in the
+    # input dtype) and scale them (`normalized_rows`).
     o_kp = tl.arange(0, KP)
     o_vp = tl.arange(0, VP)
     sq = tl.zeros([BT], dtype=tl.float32)
@@ -265,18 +272,18 @@ def _prepare_kernel(
     s_w = r_k * b_beta * tl.exp(b_G)
     for c in tl.static_range(K // KP):
         b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
-        if i_h % R == 0:  # one value head per key head writes the shared normalized k (and q, below)
-            p_k = ks + rows[:, None] * (HK * K) + i_kh * K + c * KP + o_kp[None, :]
-            tl.store(p_k, b_kc * r_k[:, None], mask=m_t[:, None])
         store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, PREC)
     for c in tl.static_range(V // VP):
         b_vc = _load_rows(v, rows, i_h * V + c * VP + o_vp, m_t, V_ROW)
         store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, PREC)
-    if i_h % R == 0:
-        b_q = _load_rows(q, rows, i_kh * K + o_k, m_t, QK_ROW)
+    if i_h % R == 0:  # one value head per key head writes the factors of its q and k
+        r_q = tl.full([BT], 1.0, tl.float32)
         if L2NORM:
-            b_q = l2norm_rows(b_q, EPS)
-        tl.store(qs + rows[:, None] * (HK * K) + i_kh * K + o_k[None, :], b_q * scale, mask=m_t[:, None])
+            b_q = _load_rows(q, rows, i_kh * K + o_k, m_t, QK_ROW)
+            r_q = tl.math.rsqrt(tl.sum(b_q * b_q, 1) + EPS)
+        p_norms = norms + rows * (HK * 2) + i_kh * 2
+        tl.store(p_norms, r_q, mask=m_t)
+        tl.store(p_norms + 1, r_k, mask=m_t)
 
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
@@ -287,7 +294,8 @@ def _state_kernel(
     chunk_cu,
     seg_cu,
     seg_seq,
-    ks,
+    k,
+    norms,
     ws,
     us,
     gs,
@@ -301,6 +309,7 @@ def _state_kernel(
     V: tl.constexpr,
     BV: tl.constexpr,
     BT: tl.constexpr,
+    QK_ROW: tl.constexpr,
     SEG: tl.constexpr,
     TRANSFER: tl.constexpr,
     FROM_POOL: tl.constexpr,
@@ -372,8 +381,7 @@ def _state_kernel(
         last = tl.minimum(bos + j * BT + BT, eos) - 1
         g_last = tl.load(gs + last * HV + i_h)
         b_G = tl.load(gs + rows * HV + i_h, mask=m_t, other=0.0)
-        b_k = tl.load(ks + rows[:, None] * (HK * K) + (i_h // R) * K + o_k[None, :], mask=m_t[:, None], other=0.0)
-        b_kd = b_k * tl.exp(g_last - b_G)[:, None]
+        b_kd = normalized_rows(k, norms, rows, m_t, i_h // R, 1, HK, K, QK_ROW) * tl.exp(g_last - b_G)[:, None]
         b_S = b_S * tl.exp(g_last) + tl.dot(tl.trans(b_kd), b_vn, input_precision=PREC)
     if TRANSFER:
         tl.store(trans + ((s0 + s) * HV + i_h) * (K * (V + K)) + o_k[:, None] * (V + K) + o_c[None, :], b_S)
@@ -409,8 +417,10 @@ def _segment_starts_kernel(
 
 @triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
 def _output_kernel(
-    qs,
-    ks,
+    q,
+    k,
+    norms,
+    scale,
     us,
     gs,
     hs,
@@ -426,6 +436,7 @@ def _output_kernel(
     V: tl.constexpr,
     BV: tl.constexpr,
     BT: tl.constexpr,
+    QK_ROW: tl.constexpr,
     IO_MANT: tl.constexpr,
     IO_TINY: tl.constexpr,
     IO_MAGIC: tl.constexpr,
@@ -444,7 +455,9 @@ def _output_kernel(
     _, length, _, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     m_live = p < tl.where(live, length, 0)  # (a scalar boolean cannot mask a block in the interpreter)
     o_v = i_v * BV + tl.arange(0, BV)
-    b_o = chunk_output(qs, ks, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, PREC)
+    b_o = chunk_output(
+        q, k, norms, scale, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, QK_ROW, PREC
+    )
     b_o = round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
     tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
 
@@ -569,7 +582,9 @@ class Scratch:
     """float32 intermediates between the launches (token-major, so chunks need no padding).
 
     Attributes:
-        qs, ks: [T, HK, K] normalized q (scaled) and k.
+        norms: [T, HK, 2] the L2 norm factors of q and k (1 without the norm): the later launches
+            normalize the input rows themselves, which reads half the bytes of normalized float32
+            copies and writes none.
         ws: [T, HV, K]; us: [T, HV, V] (u, then v_new in place); gs: [T, HV] cumulative log decay.
         hs: [max_chunks, HV, K, V] the state entering each chunk.
         trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`).
@@ -577,8 +592,7 @@ class Scratch:
             trans and starts are None when no sequence of the call can be cut.
     """
 
-    qs: torch.Tensor
-    ks: torch.Tensor
+    norms: torch.Tensor
     ws: torch.Tensor
     us: torch.Tensor
     gs: torch.Tensor
@@ -632,8 +646,7 @@ def chunked_run(
         (plan,), segments = plan_chunks(cu_seqlens, T, (chunk_size, 0)), None
     f32 = {"dtype": torch.float32, "device": device}
     scratch = Scratch(
-        torch.empty(T, HK, K, **f32),
-        torch.empty(T, HK, K, **f32),
+        torch.empty(T, HK, 2, **f32),
         torch.empty(T, HV, K, **f32),
         torch.empty(T, HV, V, **f32),
         torch.empty(T, HV, **f32),
@@ -666,11 +679,11 @@ def _launch_options(num_warps: int, num_stages: int | None) -> dict:
 
 def run_prepare_kernel(
     run: ChunkedRun,
-    q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, scale, use_qk_l2norm,
+    q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm,
     num_warps: int | None = None,
     num_stages: int | None = None,
 ):  # fmt: skip
-    """Launch 1, every chunk at once: normalized q and k, gates, w and u into run's scratch.
+    """Launch 1, every chunk at once: q's and k's norm factors, gates, w and u into run's scratch.
 
     q, k [T, HK, K] and v [T, HV, V] may be column slices of wider rows (the layer's conv output)
     with heads and values packed; a and b are [T, HV], or [T, HK, HV // HK] views of an interleaved
@@ -690,7 +703,7 @@ def run_prepare_kernel(
     _prepare_kernel[(run.plan.max_chunks, HV)](
         q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
-        qs=s.qs, ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, scale=scale, N=slots.numel(),
+        norms=s.norms, ws=s.ws, us=s.us, gs=s.gs, N=slots.numel(),
         HK=HK, HV=HV, K=K, V=V, BT=bt, KP=column_piece(K), VP=column_piece(V),
         QK_ROW=q.stride(0), V_ROW=v.stride(0), G_ROW=a.stride(0), G_KH=a.stride(1), L2NORM=use_qk_l2norm,
         EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, **_launch_options(warps, num_stages),
@@ -699,16 +712,16 @@ def run_prepare_kernel(
 
 def run_state_kernel(
     run: ChunkedRun,
+    k: torch.Tensor,
     state: torch.Tensor,
     slots: torch.Tensor,
     cu_seqlens: torch.Tensor,
-    num_k_heads: int,
     block_v: int = STATE_BLOCK_V,
     num_warps: int = 4,
     num_stages: int | None = None,
 ):
     """The state recurrence, segment-parallel: reads and writes state[slots] ([num_slots, HV, V, K]
-    float32, contiguous).
+    float32, contiguous); k is the prepare's.
 
     The recurrence over a sequence's chunks is affine in the state (S <- A_j S + B_j), so, as in
     the parallel scans of linear recurrences (Blelloch, "Prefix sums and their applications",
@@ -742,8 +755,9 @@ def run_state_kernel(
     args = dict(
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
         seg_cu=None if segs is None else segs.chunk_cu, seg_seq=None if segs is None else segs.chunk_seq,
-        ks=s.ks, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
-        N=n, HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, SEG=run.segment_chunks, PREC=run.prec,
+        k=k, norms=s.norms, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
+        N=n, HK=k.shape[1], HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=k.stride(0),
+        SEG=run.segment_chunks, PREC=run.prec,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
     if segs is None:
@@ -759,24 +773,28 @@ def run_state_kernel(
 
 def run_output_kernel(
     run: ChunkedRun,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
     out: torch.Tensor,
     cu_seqlens: torch.Tensor,
     slots: torch.Tensor,
-    num_k_heads: int,
     block_v: int = OUTPUT_BLOCK_V,
     num_warps: int = OUTPUT_WARPS,
     num_stages: int | None = None,
 ):
-    """Launch 3, every chunk and V tile at once: out ([T, HV, V]) from run's scratch and chunk
-    states. The tile and launch options are for the kernel probe, as `run_prepare_kernel`'s."""
+    """Launch 3, every chunk and V tile at once: out ([T, HV, V]) from the prepare's q and k (q
+    times `scale` after its norm), run's scratch and chunk states. The tile and launch options are
+    for the kernel probe, as `run_prepare_kernel`'s."""
     HV, V = out.shape[1], out.shape[2]
-    K = run.scratch.qs.shape[2]
+    HK, K = q.shape[1], q.shape[2]
     s = run.scratch
     bv = min(V, block_v)
     _output_kernel[(run.plan.max_chunks * HV * (V // bv),)](
-        qs=s.qs, ks=s.ks, us=s.us, gs=s.gs, hs=s.hs, out=out,
+        q=q, k=k, norms=s.norms, scale=scale, us=s.us, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
-        HK=num_k_heads, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, **grid_args("IO", out.dtype), PREC=run.prec,
+        HK=HK, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=q.stride(0), **grid_args("IO", out.dtype),
+        PREC=run.prec,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
 
@@ -796,9 +814,9 @@ def gdn_prefill_chunked(
     HK, K = q.shape[1], q.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     run = chunked_run(cu_seqlens, out, HK, K, chunk_size, segment_chunks, segment_from)
-    run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, scale, use_qk_l2norm)
-    run_state_kernel(run, state, slots, cu_seqlens, HK)
-    run_output_kernel(run, out, cu_seqlens, slots, HK)
+    run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm)
+    run_state_kernel(run, k, state, slots, cu_seqlens)
+    run_output_kernel(run, q, k, scale, out, cu_seqlens, slots)
     return out
 
 

@@ -127,11 +127,11 @@ def test_prepare_reads_column_views_as_their_copies(device):
     scratches = []
     for args in ((q, k, v, a, b), copied):
         run = chunked_run(cu, out, hk, d, 64)
-        run_prepare_kernel(run, *args, A_log, dt_bias, cu, slots, d**-0.5, True)
-        scratches.append([getattr(run.scratch, f) for f in ("qs", "ks", "ws", "us", "gs")])
+        run_prepare_kernel(run, *args, A_log, dt_bias, cu, slots, True)
+        scratches.append([getattr(run.scratch, f) for f in ("norms", "ws", "us", "gs")])
     assert not q.is_contiguous() and b.stride() == (hk * 2 * r, 2 * r, 1)
-    for name, viewed, plain in zip(("qs", "ks", "ws", "us", "gs"), *scratches):
+    for name, viewed, plain in zip(("norms", "ws", "us", "gs"), *scratches):
         assert torch.equal(viewed, plain), f"{name} differs between the views and their copies"
     spread = wide[:, : 2 * hk * d].view(T, hk, 2 * d)[..., :d]  # heads 2d apart: not packed
     with pytest.raises(ValueError, match="packed heads"):
-        run_prepare_kernel(run, spread, k, v, a, b, A_log, dt_bias, cu, slots, d**-0.5, True)
+        run_prepare_kernel(run, spread, k, v, a, b, A_log, dt_bias, cu, slots, True)

@@ -438,10 +438,10 @@ def gdn_layer_prefill_fused(
     q, k = mixed[:, : HK * D].view(T, HK, D), mixed[:, HK * D : 2 * HK * D].view(T, HK, D)
     v = mixed[:, 2 * HK * D :].view(T, HV, D)
     b, a = ba[..., : HV // HK], ba[..., HV // HK :]
-    run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, cache_indices, D**-0.5, True)
-    run_state_kernel(run, delta_state, cache_indices, cu_seqlens, HK)
+    run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, cache_indices, True)
+    run_state_kernel(run, k, delta_state, cache_indices, cu_seqlens)
     # the delta rule's output in float32, over u (each output program reads only the u it overwrites)
-    run_output_kernel(run, s.us, cu_seqlens, cache_indices, HK)
+    run_output_kernel(run, q, k, D**-0.5, s.us, cu_seqlens, cache_indices)
     # the norm launch at 4 warps (its tiles are [BT, V]; 8 was not compared on the H200)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
     f8 = grid_of(fp8_dtype if quantize_fp8 else torch.float8_e4m3fn)
