@@ -1,6 +1,6 @@
 """The shared Triton helpers of gdn_lab.ops.delta_rule_triton (and triton_common's `round_rne`) on the
 test device (its GPU, or the CPU interpreter): `round_rne` against torch's own casts, bit for bit; `_unit_lower_inverse` against a
-float64 inverse; `plan_chunks` against torch's cumsum and searchsorted; `run_prepare_kernel` on
+float64 inverse; `plan_chunks` against torch's cumsum and searchsorted; the three launches on
 column views of wider rows (the layer's conv output, its interleaved gates) against the same
 tensors copied out contiguous, bit for bit."""
 
@@ -13,7 +13,9 @@ from gdn_lab.ops.delta_rule_triton import (
     _unit_lower_inverse,
     chunked_run,
     plan_chunks,
+    run_output_kernel,
     run_prepare_kernel,
+    run_state_kernel,
 )
 from gdn_lab.ops.triton_common import grid_of, round_rne
 
@@ -106,9 +108,10 @@ def test_plan_chunks_counts_and_owns_every_chunk(device, lengths, sizes):
         assert plan.chunk_seq.cpu().tolist() == want_seq.tolist()
 
 
-def test_prepare_reads_column_views_as_their_copies(device):
+def test_launches_read_column_views_as_their_copies(device):
     """q, k, v as column slices of one wider row and a, b interleaved per key head ([b (R) | a (R)],
-    as gdn_layer_prefill's projection): the scratch equals the prepare's on contiguous copies."""
+    as gdn_layer_prefill's projection): the prepare's scratch, the state launch's state and the
+    output launch's output (both read q and k as given) equal theirs on contiguous copies."""
     hk, hv, d, lengths = 2, 4, 32, [70, 1, 33]  # 32 columns: the prepare's two 16-column pieces
     r, T = hv // hk, sum(lengths)
     g = torch.Generator().manual_seed(0)
@@ -122,15 +125,19 @@ def test_prepare_reads_column_views_as_their_copies(device):
     A_log, dt_bias = torch.randn(hv, generator=g).to(device), torch.randn(hv, generator=g).to(device)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     slots = torch.arange(len(lengths), dtype=torch.int32, device=device)
-    out = torch.empty(T, hv, d, dtype=torch.bfloat16, device=device)
+    pool = (0.1 * torch.randn(len(lengths), hv, d, d, generator=g)).to(device)
     copied = (q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous().view(T, hv), b.contiguous().view(T, hv))
-    scratches = []
+    results = []
     for args in ((q, k, v, a, b), copied):
+        out, state = torch.empty(T, hv, d, dtype=torch.bfloat16, device=device), pool.clone()
         run = chunked_run(cu, out, hk, d, 64)
         run_prepare_kernel(run, *args, A_log, dt_bias, cu, slots, True)
-        scratches.append([getattr(run.scratch, f) for f in ("norms", "ws", "us", "gs")])
+        scratch = [getattr(run.scratch, f).clone() for f in ("norms", "ws", "us", "gs")]  # us: v_new after the state
+        run_state_kernel(run, args[1], state, slots, cu)
+        run_output_kernel(run, args[0], args[1], d**-0.5, out, cu, slots)
+        results.append([*scratch, state, out])
     assert not q.is_contiguous() and b.stride() == (hk * 2 * r, 2 * r, 1)
-    for name, viewed, plain in zip(("norms", "ws", "us", "gs"), *scratches):
+    for name, viewed, plain in zip(("norms", "ws", "us", "gs", "state", "out"), *results):
         assert torch.equal(viewed, plain), f"{name} differs between the views and their copies"
     spread = wide[:, : 2 * hk * d].view(T, hk, 2 * d)[..., :d]  # heads 2d apart: not packed
     with pytest.raises(ValueError, match="packed heads"):
