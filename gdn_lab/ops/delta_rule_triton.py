@@ -178,6 +178,16 @@ def chunk_output(
 
 
 @triton.jit
+def tile_head_item(NV: tl.constexpr, HV: tl.constexpr):
+    """This program's (V tile, value head, item) on a 1-D grid of NV * HV * items programs, in that
+    order: the programs that read one item's rows (a chunk's or a segment's) run one after another,
+    so all but the first find them in the L2. With the items first, the other reads came a whole
+    head's items later."""
+    pid = tl.program_id(0)
+    return pid % NV, (pid // NV) % HV, pid // (NV * HV)
+
+
+@triton.jit
 def _load_rows(x, rows, cols, m_t, ROW: tl.constexpr):
     """x[rows][:, cols] of a row-major [T, ROW] input as float32 [BT, len(cols)]; rows outside m_t read 0."""
     return tl.load(x + rows[:, None] * ROW + cols[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -236,7 +246,7 @@ def _prepare_kernel(
     q and k are rows of QK_ROW elements ([HK, K] at their start), v of V_ROW ([HV, V]); a and b
     hold value head h of key head h // R at row * G_ROW + (h // R) * G_KH + h % R.
     """
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    _, i_h, i_c = tile_head_item(1, HV)  # the R value heads of a key head read its k rows in turn
     n = tl.load(chunk_seq + i_c)
     if n >= N:  # past the last chunk (the grid is an upper bound)
         return
@@ -308,6 +318,7 @@ def _state_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
+    NV: tl.constexpr,
     BT: tl.constexpr,
     QK_ROW: tl.constexpr,
     SEG: tl.constexpr,
@@ -328,7 +339,7 @@ def _state_kernel(
     call is cut (seg_cu, seg_seq, trans and starts unused): program i_s is sequence i_s, from its
     pool state; the same values as through starts, one launch fewer.
     """
-    i_s, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v, i_h, i_s = tile_head_item(NV, HV)  # NV tiles of S's columns, or of [S | X]'s
     if FROM_POOL:
         n = i_s
     else:
@@ -398,7 +409,7 @@ def _segment_starts_kernel(
     pool's (a copy: the state kernel's last segment overwrites the pool while the others start)
     and S_{i+1} = M_i S_i + D_i, into starts[segment]. A launch of its own: inside the state kernel
     this loop made the serial recurrence 23 % slower (H200)."""
-    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v, i_h, i_n = tile_head_item(V // BV, HV)  # a segment's map is read by its V tiles in turn
     slot = tl.load(slots + i_n)
     s0 = tl.load(seg_cu + i_n).to(tl.int64)
     n_segs = tl.load(seg_cu + i_n + 1).to(tl.int64) - s0
@@ -442,12 +453,7 @@ def _output_kernel(
     IO_MAGIC: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    # Programs in the order value tiles, value heads, chunks: the R * V / BV programs that read a
-    # key head's q and k rows of a chunk run one after another, so all but the first find them in
-    # the L2 (with the chunks first, the other reads came a whole head's chunks later)
-    NV: tl.constexpr = V // BV
-    pid = tl.program_id(0)
-    i_v, i_h, i_c = pid % NV, (pid // NV) % HV, pid // (NV * HV)
+    i_v, i_h, i_c = tile_head_item(V // BV, HV)  # a key head's R * V / BV programs read its q and k rows in turn
     n = tl.load(chunk_seq + i_c)
     if n >= N:
         return
@@ -700,7 +706,7 @@ def run_prepare_kernel(
         raise ValueError(f"a and b need one layout with packed heads: strides {a.stride()}, {b.stride()}")
     s, bt = run.scratch, run.plan.chunk_size
     warps = num_warps_for(bt * K, bt * V, at=PREPARE_WARPS_AT) if num_warps is None else num_warps
-    _prepare_kernel[(run.plan.max_chunks, HV)](
+    _prepare_kernel[(run.plan.max_chunks * HV,)](
         q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
         norms=s.norms, ws=s.ws, us=s.us, gs=s.gs, N=slots.numel(),
@@ -761,14 +767,14 @@ def run_state_kernel(
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
     if segs is None:
-        _state_kernel[(n, HV, V // bv)](**args, TRANSFER=False, FROM_POOL=True)
+        _state_kernel[(n * HV * (V // bv),)](**args, NV=V // bv, TRANSFER=False, FROM_POOL=True)
         return
-    _state_kernel[(segs.max_chunks, HV, (V + K) // bv)](**args, TRANSFER=True, FROM_POOL=False)
-    _segment_starts_kernel[(n, HV, V // bv)](
+    _state_kernel[(segs.max_chunks * HV * ((V + K) // bv),)](**args, NV=(V + K) // bv, TRANSFER=True, FROM_POOL=False)
+    _segment_starts_kernel[(n * HV * (V // bv),)](
         state=state, slots=slots, seg_cu=segs.chunk_cu, trans=s.trans, starts=s.starts,
         HV=HV, K=K, V=V, BV=bv, PREC=run.prec, num_warps=4,
     )  # fmt: skip
-    _state_kernel[(segs.max_chunks, HV, V // bv)](**args, TRANSFER=False, FROM_POOL=False)
+    _state_kernel[(segs.max_chunks * HV * (V // bv),)](**args, NV=V // bv, TRANSFER=False, FROM_POOL=False)
 
 
 def run_output_kernel(
