@@ -766,15 +766,16 @@ def run_state_kernel(
         SEG=run.segment_chunks, PREC=run.prec,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
+    nv, nv_maps = V // bv, (V + K) // bv  # the V tiles of S, and of a map's [S | X]
     if segs is None:
-        _state_kernel[(n * HV * (V // bv),)](**args, NV=V // bv, TRANSFER=False, FROM_POOL=True)
+        _state_kernel[(n * HV * nv,)](**args, NV=nv, TRANSFER=False, FROM_POOL=True)
         return
-    _state_kernel[(segs.max_chunks * HV * ((V + K) // bv),)](**args, NV=(V + K) // bv, TRANSFER=True, FROM_POOL=False)
-    _segment_starts_kernel[(n * HV * (V // bv),)](
+    _state_kernel[(segs.max_chunks * HV * nv_maps,)](**args, NV=nv_maps, TRANSFER=True, FROM_POOL=False)
+    _segment_starts_kernel[(n * HV * nv,)](
         state=state, slots=slots, seg_cu=segs.chunk_cu, trans=s.trans, starts=s.starts,
         HV=HV, K=K, V=V, BV=bv, PREC=run.prec, num_warps=4,
     )  # fmt: skip
-    _state_kernel[(segs.max_chunks * HV * (V // bv),)](**args, NV=V // bv, TRANSFER=False, FROM_POOL=False)
+    _state_kernel[(segs.max_chunks * HV * nv,)](**args, NV=nv, TRANSFER=False, FROM_POOL=False)
 
 
 def run_output_kernel(
