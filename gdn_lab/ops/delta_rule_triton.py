@@ -11,21 +11,20 @@ that only the state recurrence walks a sequence, segment by segment:
    w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into fp32 scratch, k and v
    in column pieces.
 2. `run_state_kernel`'s launches: `_state_kernel`, one program per (segment, value head, V tile),
-   chunk after chunk: it stores the state entering each chunk and v_new = u - w S (S as [K, V];
-   both for the output launch alone, in `snapshot_dtype`), updates
-   S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to the pool.
-   Where one sequence's heads leave the GPU idle (`segment_from_of`), a sequence of more than
-   SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS chunks, whose entering states come
-   from the segments' affine maps (the same kernel, TRANSFER) through `_segment_starts_kernel`; a
-   shorter one is one segment (the serial recurrence), and a call in which no sequence can be cut
-   is the state kernel alone (FROM_POOL).
+   chunk after chunk: it stores the state entering each chunk, turns u into v_new = u - w S (S as
+   [K, V]), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to
+   the pool. Where one sequence's heads leave the GPU idle (`segment_from_of`), a sequence of more
+   than SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS chunks, whose entering states
+   come from the segments' affine maps (the same kernel, TRANSFER) through
+   `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence), and a call in
+   which no sequence can be cut is the state kernel alone (FROM_POOL).
 3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values), chunk-major:
    o = exp(G) (q S_c) + (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
 
 The layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) runs these three stages between its
 own conv and norm launches: the prepare on column views of its conv output and of its
 interleaved b/a (`run_prepare_kernel` takes the row strides; the state and output launches read
-the same views), the output in float32 into u's scratch.
+the same views), the output in float32 over u.
 Nothing here knows the layer.
 
 Why the bits cannot follow the batch: chunks and segments start at each sequence's first token,
@@ -37,11 +36,9 @@ the sequence's own length. The batch moves where a chunk's scratch lives, not wh
 controls (`*_by_batch`) change exactly one thing, the chunk size, following AITER's rule
 (benchmarks/bench_gdn_prefill.py adds one that sizes the segments by the batch).
 
-Numerics: everything is float32 but the chunk states and v_new the output launch reads, which
-bf16 inputs store in bf16 as fla does (`snapshot_dtype`; the recurrence and the final state stay
-float32); dots take float32 operands ("ieee" for float32 inputs, TF32 for bf16/fp16 inputs on
-GPUs that have it: `dot_precision(..., float32_operands=True)`). Values that must land on a
-narrower grid (outputs, the bf16 snapshots; in the fused layer the conv output and fp8) are rounded
+Numerics: everything is float32; dots take float32 operands ("ieee" for float32 inputs, TF32 for
+bf16/fp16 inputs on GPUs that have it: `dot_precision(..., float32_operands=True)`). Values that
+must land on a narrower grid (outputs; in the fused layer the conv output and fp8) are rounded
 explicitly to nearest-even in float32 first (`round_rne`), so the final cast is exact on every
 backend: Triton 3.9's interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8
 (e.g. 31.86 -> 16 instead of 32).
@@ -152,7 +149,7 @@ def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, o_v, HV: tl.constexpr, V: tl.c
 
 @triton.jit
 def chunk_output(
-    q, k, norms, scale, vns, gs, hs, rows, m_live, live, i_c, i_h, o_v,
+    q, k, norms, scale, us, gs, hs, rows, m_live, live, i_c, i_h, o_v,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, QK_ROW: tl.constexpr,
     PREC: tl.constexpr,
 ):  # fmt: skip
@@ -171,9 +168,8 @@ def chunk_output(
     b_q = normalized_rows(q, norms, rows, m_live, i_kh, 0, HK, K, QK_ROW) * scale
     b_k = normalized_rows(k, norms, rows, m_live, i_kh, 1, HK, K, QK_ROW)
     b_G = tl.load(gs + rows * HV + i_h, mask=m_live, other=0.0)
-    p_vn = vns + rows[:, None] * (HV * V) + i_h * V + o_v[None, :]
-    b_vn = tl.load(p_vn, mask=m_live[:, None], other=0.0).to(tl.float32)
-    b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
+    b_vn = tl.load(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
+    b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
     b_S = tl.where(live, b_S, 0.0)  # a padding sequence's chunk states were never written
     b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
     # G_i - G_j <= 0 for i >= j inside the sequence; the minimum keeps rows past its end (G = 0) finite
@@ -314,7 +310,6 @@ def _state_kernel(
     us,
     gs,
     hs,
-    vns,
     trans,
     starts,
     N,
@@ -330,9 +325,6 @@ def _state_kernel(
     TRANSFER: tl.constexpr,
     FROM_POOL: tl.constexpr,
     PREC: tl.constexpr,
-    SN_MANT: tl.constexpr,
-    SN_TINY: tl.constexpr,
-    SN_MAGIC: tl.constexpr,
 ):
     """One program per (segment, value head, column tile); see `run_state_kernel`.
 
@@ -341,9 +333,8 @@ def _state_kernel(
     TRANSFER: the segment's affine map (M, D) = (A_m ... A_1, the state it makes of zero), by the
     same step on the augmented columns [S | X], S from 0 with u, X from I with u = 0; stored as
     trans[segment] = [D | M] ([K, V + K]). Otherwise: from the state entering the segment
-    (`_segment_starts_kernel`'s), the chunks with their entering states (hs) and v_new (vns)
-    stored, both rounded to the snapshot grid SN_* (`snapshot_dtype`: the recurrence itself goes
-    on with the float32 values), and the final state into the pool.
+    (`_segment_starts_kernel`'s), the chunks with their entering states (hs) and v_new (in place
+    of u) stored, and the final state into the pool.
     A segment is SEG chunks, the last one the rest of its sequence. FROM_POOL: no sequence of the
     call is cut (seg_cu, seg_seq, trans and starts unused): program i_s is sequence i_s, from its
     pool state; the same values as through starts, one launch fewer.
@@ -390,16 +381,14 @@ def _state_kernel(
         m_t = rows < eos
         if not TRANSFER:
             p_hs = hs + ((c0 + j) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :]
-            # the state entering chunk j, for the output kernel
-            tl.store(p_hs, round_rne(b_S, SN_MANT, SN_TINY, SN_MAGIC).to(p_hs.dtype.element_ty))
+            tl.store(p_hs, b_S)  # the state entering chunk j, for the output kernel
         b_w = tl.load(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], mask=m_t[:, None], other=0.0)
         p_u = us + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
         # X's columns take u = 0; S's alone keep the row mask (a column mask cost 7 % on the H200)
         m_u = (m_t[:, None] & (o_c < V)[None, :]) if TRANSFER else m_t[:, None]
         b_vn = tl.load(p_u, mask=m_u, other=0.0) - tl.dot(b_w, b_S, input_precision=PREC)
         if not TRANSFER:
-            p_vn = vns + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
-            tl.store(p_vn, round_rne(b_vn, SN_MANT, SN_TINY, SN_MAGIC).to(p_vn.dtype.element_ty), mask=m_u)
+            tl.store(p_u, b_vn, mask=m_u)  # u becomes v_new in place
         last = tl.minimum(bos + j * BT + BT, eos) - 1
         g_last = tl.load(gs + last * HV + i_h)
         b_G = tl.load(gs + rows * HV + i_h, mask=m_t, other=0.0)
@@ -443,7 +432,7 @@ def _output_kernel(
     k,
     norms,
     scale,
-    vns,
+    us,
     gs,
     hs,
     out,
@@ -473,7 +462,7 @@ def _output_kernel(
     m_live = p < tl.where(live, length, 0)  # (a scalar boolean cannot mask a block in the interpreter)
     o_v = i_v * BV + tl.arange(0, BV)
     b_o = chunk_output(
-        q, k, norms, scale, vns, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, QK_ROW, PREC
+        q, k, norms, scale, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, QK_ROW, PREC
     )
     b_o = round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
     tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
@@ -594,26 +583,16 @@ def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, *sizes: tuple[int, 
     return plans
 
 
-def snapshot_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of what the state launch leaves for the output launch alone (each chunk's entering
-    state and v_new), by input dtype: bf16 for bf16 inputs, as fla's chunk_gated_delta_rule keeps
-    them (half the bytes of the two launches' largest tensors), float32 otherwise (float32 inputs
-    keep float32 throughout; fp16's range of 65504 does not bound a state summed over a sequence).
-    The state recurrence itself stays float32: the final state does not change."""
-    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-
-
 @dataclass(frozen=True)
 class Scratch:
-    """Intermediates between the launches (token-major, so chunks need no padding), float32 but for
-    hs and vns (`snapshot_dtype`).
+    """float32 intermediates between the launches (token-major, so chunks need no padding).
 
     Attributes:
         norms: [T, HK, 2] the L2 norm factors of q and k (1 without the norm): the later launches
             normalize the input rows themselves, which reads half the bytes of normalized float32
             copies and writes none.
-        ws: [T, HV, K]; us: [T, HV, V] u; gs: [T, HV] cumulative log decay.
-        hs: [max_chunks, HV, K, V] the state entering each chunk; vns: [T, HV, V] v_new.
+        ws: [T, HV, K]; us: [T, HV, V] (u, then v_new in place); gs: [T, HV] cumulative log decay.
+        hs: [max_chunks, HV, K, V] the state entering each chunk.
         trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`).
         starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`).
             trans and starts are None when no sequence of the call can be cut.
@@ -624,7 +603,6 @@ class Scratch:
     us: torch.Tensor
     gs: torch.Tensor
     hs: torch.Tensor
-    vns: torch.Tensor
     trans: torch.Tensor | None
     starts: torch.Tensor | None
 
@@ -673,14 +651,12 @@ def chunked_run(
     else:
         (plan,), segments = plan_chunks(cu_seqlens, T, (chunk_size, 0)), None
     f32 = {"dtype": torch.float32, "device": device}
-    snap = {"dtype": snapshot_dtype(out.dtype), "device": device}
     scratch = Scratch(
         torch.empty(T, HK, 2, **f32),
         torch.empty(T, HV, K, **f32),
         torch.empty(T, HV, V, **f32),
         torch.empty(T, HV, **f32),
-        torch.empty(plan.max_chunks, HV, K, V, **snap),
-        torch.empty(T, HV, V, **snap),
+        torch.empty(plan.max_chunks, HV, K, V, **f32),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V + K, **f32),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V, **f32),
     )
@@ -785,9 +761,9 @@ def run_state_kernel(
     args = dict(
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
         seg_cu=None if segs is None else segs.chunk_cu, seg_seq=None if segs is None else segs.chunk_seq,
-        k=k, norms=s.norms, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs, vns=s.vns, trans=s.trans, starts=s.starts,
+        k=k, norms=s.norms, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
         N=n, HK=k.shape[1], HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=k.stride(0),
-        SEG=run.segment_chunks, PREC=run.prec, **grid_args("SN", s.hs.dtype),
+        SEG=run.segment_chunks, PREC=run.prec,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
     nv, nv_maps = V // bv, (V + K) // bv  # the V tiles of S, and of a map's [S | X]
@@ -822,7 +798,7 @@ def run_output_kernel(
     s = run.scratch
     bv = min(V, block_v)
     _output_kernel[(run.plan.max_chunks * HV * (V // bv),)](
-        q=q, k=k, norms=s.norms, scale=scale, vns=s.vns, gs=s.gs, hs=s.hs, out=out,
+        q=q, k=k, norms=s.norms, scale=scale, us=s.us, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
         HK=HK, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=q.stride(0), **grid_args("IO", out.dtype),
         PREC=run.prec,

@@ -4,8 +4,6 @@ float64 inverse; `plan_chunks` against torch's cumsum and searchsorted; the thre
 column views of wider rows (the layer's conv output, its interleaved gates) against the same
 tensors copied out contiguous, bit for bit."""
 
-import dataclasses
-
 import pytest
 import torch
 import triton
@@ -110,76 +108,37 @@ def test_plan_chunks_counts_and_owns_every_chunk(device, lengths, sizes):
         assert plan.chunk_seq.cpu().tolist() == want_seq.tolist()
 
 
-# what a call's launches leave in its scratch (hs: every chunk's entering state; vns: v_new)
-SCRATCH = ("norms", "ws", "us", "gs", "hs", "vns")
-
-
-def bf16_inputs(device, hk: int, hv: int, d: int, lengths: list[int], seed: int = 0):
-    """bf16 rows of [q | k | v] + 8 more columns (wider than q|k|v), the interleaved [b | a] per
-    key head, the gate parameters, cu_seqlens, slots 0.. and a float32 state pool."""
+def test_launches_read_column_views_as_their_copies(device):
+    """q, k, v as column slices of one wider row and a, b interleaved per key head ([b (R) | a (R)],
+    as gdn_layer_prefill's projection): the prepare's scratch, the state launch's state and the
+    output launch's output (both read q and k as given) equal theirs on contiguous copies."""
+    hk, hv, d, lengths = 2, 4, 32, [70, 1, 33]  # 32 columns: the prepare's two 16-column pieces
     r, T = hv // hk, sum(lengths)
-    g = torch.Generator().manual_seed(seed)
-    wide = torch.randn(T, 2 * hk * d + hv * d + 8, generator=g).to(torch.bfloat16).to(device)
+    g = torch.Generator().manual_seed(0)
+    wide = (
+        torch.randn(T, 2 * hk * d + hv * d + 8, generator=g).to(torch.bfloat16).to(device)
+    )  # + 8: rows wider than q|k|v
+    q, k = wide[:, : hk * d].view(T, hk, d), wide[:, hk * d : 2 * hk * d].view(T, hk, d)
+    v = wide[:, 2 * hk * d : 2 * hk * d + hv * d].view(T, hv, d)
     ba = torch.randn(T, hk, 2 * r, generator=g).to(torch.bfloat16).to(device)
+    b, a = ba[..., :r], ba[..., r:]
     A_log, dt_bias = torch.randn(hv, generator=g).to(device), torch.randn(hv, generator=g).to(device)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     slots = torch.arange(len(lengths), dtype=torch.int32, device=device)
     pool = (0.1 * torch.randn(len(lengths), hv, d, d, generator=g)).to(device)
-    return wide, ba, A_log, dt_bias, cu, slots, pool
-
-
-def test_launches_read_column_views_as_their_copies(device):
-    """q, k, v as column slices of one wider row and a, b interleaved per key head ([b (R) | a (R)],
-    as gdn_layer_prefill's projection): the prepare's and the state launch's scratch, the state
-    and the output launch's output (both read q and k as given) equal theirs on contiguous copies."""
-    hk, hv, d, lengths = 2, 4, 32, [70, 1, 33]  # 32 columns: the prepare's two 16-column pieces
-    r, T = hv // hk, sum(lengths)
-    wide, ba, A_log, dt_bias, cu, slots, pool = bf16_inputs(device, hk, hv, d, lengths)
-    q, k = wide[:, : hk * d].view(T, hk, d), wide[:, hk * d : 2 * hk * d].view(T, hk, d)
-    v = wide[:, 2 * hk * d : 2 * hk * d + hv * d].view(T, hv, d)
-    b, a = ba[..., :r], ba[..., r:]
     copied = (q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous().view(T, hv), b.contiguous().view(T, hv))
     results = []
     for args in ((q, k, v, a, b), copied):
         out, state = torch.empty(T, hv, d, dtype=torch.bfloat16, device=device), pool.clone()
         run = chunked_run(cu, out, hk, d, 64)
         run_prepare_kernel(run, *args, A_log, dt_bias, cu, slots, True)
+        scratch = [getattr(run.scratch, f).clone() for f in ("norms", "ws", "us", "gs")]  # us: v_new after the state
         run_state_kernel(run, args[1], state, slots, cu)
         run_output_kernel(run, args[0], args[1], d**-0.5, out, cu, slots)
-        results.append([getattr(run.scratch, f) for f in SCRATCH] + [state, out])
+        results.append([*scratch, state, out])
     assert not q.is_contiguous() and b.stride() == (hk * 2 * r, 2 * r, 1)
-    for name, viewed, plain in zip((*SCRATCH, "state", "out"), *results):
+    for name, viewed, plain in zip(("norms", "ws", "us", "gs", "state", "out"), *results):
         assert torch.equal(viewed, plain), f"{name} differs between the views and their copies"
     spread = wide[:, : 2 * hk * d].view(T, hk, 2 * d)[..., :d]  # heads 2d apart: not packed
     with pytest.raises(ValueError, match="packed heads"):
         run_prepare_kernel(run, spread, k, v, a, b, A_log, dt_bias, cu, slots, True)
-
-
-@pytest.mark.parametrize("cut", [False, True], ids=["serial", "segments"])
-def test_bf16_snapshots_are_the_float32_ones_rounded(device, cut):
-    """With bf16 inputs the state launch leaves the chunk states and v_new in bf16 (`snapshot_dtype`):
-    each the float32 value a float32 scratch receives, rounded by torch's own cast, and the final
-    state bit for bit the same (the recurrence stays float32), cut into segments or not."""
-    hk, hv, d, lengths = 1, 2, 32, [200, 7, 131]
-    wide, ba, A_log, dt_bias, cu, slots, pool = bf16_inputs(device, hk, hv, d, lengths, seed=3)
-    T, r = sum(lengths), hv // hk
-    q, k = wide[:, :d].view(T, hk, d), wide[:, d : 2 * d].view(T, hk, d)
-    v = wide[:, 2 * d : 2 * d + hv * d].view(T, hv, d)
-    out = torch.empty(T, hv, d, dtype=torch.bfloat16, device=device)
-    segments = {"segment_chunks": 1, "segment_from": 64} if cut else {}
-    run = chunked_run(cu, out, hk, d, 64, **segments)
-    assert run.scratch.hs.dtype == run.scratch.vns.dtype == torch.bfloat16 and (run.segments is not None) == cut
-    run_prepare_kernel(run, q, k, v, ba[..., r:], ba[..., :r], A_log, dt_bias, cu, slots, True)
-    wide32 = dataclasses.replace(
-        run.scratch, hs=run.scratch.hs.float(), vns=run.scratch.vns.float()
-    )  # float32 snapshots of the same shapes
-    states = []
-    for scratch in (run.scratch, wide32):
-        state = pool.clone()
-        run_state_kernel(dataclasses.replace(run, scratch=scratch), k, state, slots, cu)
-        states.append(state)
-    assert torch.equal(*states), "the final state depends on the snapshots' dtype"
-    chunks = int(run.plan.chunk_cu[-1])  # the rows past them are never written
-    assert torch.equal(run.scratch.hs[:chunks], wide32.hs[:chunks].to(torch.bfloat16))
-    assert torch.equal(run.scratch.vns, wide32.vns.to(torch.bfloat16))
-    assert not torch.equal(run.scratch.vns.float(), wide32.vns), "v_new took no rounding: the test saw nothing"

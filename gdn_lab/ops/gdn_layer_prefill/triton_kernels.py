@@ -9,7 +9,7 @@ launches) between the layer's own first and last launches:
    [q of every key head | k | v of every value head];
 2. `run_prepare_kernel` on column views of that output and of the interleaved b/a: gates, L2 norm
    and the chunk factors; `run_state_kernel`: reads and writes the delta-state slot;
-   `run_output_kernel`: the delta rule's output in float32, into its u scratch;
+   `run_output_kernel`: the delta rule's output in float32, over its u scratch;
 3. `_layer_norm_kernel` (per chunk and value head, or per group of heads sharing an fp8 group):
    gated RMSNorm with z, the store in the input dtype, group-128 fp8 with float32 scales, and, in
    each sequence's last chunk, the conv-state update (`_conv_state_update`, after every launch-1
@@ -440,7 +440,7 @@ def gdn_layer_prefill_fused(
     b, a = ba[..., : HV // HK], ba[..., HV // HK :]
     run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, cache_indices, True)
     run_state_kernel(run, k, delta_state, cache_indices, cu_seqlens)
-    # the delta rule's output in float32, into u's scratch (only the state launch reads u)
+    # the delta rule's output in float32, over u (each output program reads only the u it overwrites)
     run_output_kernel(run, q, k, D**-0.5, s.us, cu_seqlens, cache_indices)
     # the norm launch at 4 warps (its tiles are [BT, V]; 8 was not compared on the H200)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
