@@ -35,7 +35,14 @@ def test_failing_notebook_does_not_stop_the_others(suite, tmp_path, monkeypatch,
     assert last["parameters"]["out_dir"] == str(out / "03_last")
     assert last["parameters"]["sizes"] is None, "an explicit null from the preset is a value, injected as None"
     assert last["files"]["tables"] == ["03_last/numbers.csv"] and not last["files"]["partial"]
-    assert last["files"]["kernel_log"] is None and not (out / "03_last" / "kernel.log").exists(), "a quiet kernel"
+    # A quiet kernel leaves no log. libzmq's context teardown can abort a kernel at its exit, after
+    # the notebook's results are in ("Assertion failed: pfd.revents & POLLIN (src/signaler.cpp:238)":
+    # poll reports a hang-up, zeromq/libzmq#3715; seen once in CI): that line is the kernel's own,
+    # rightly kept and linked. Anything else in the log fails.
+    log = out / "03_last" / "kernel.log"
+    said = log.read_text().splitlines() if log.exists() else []
+    assert all(line.startswith("Assertion failed: ") and "(src/signaler.cpp:" in line for line in said), said
+    assert last["files"]["kernel_log"] == ("03_last/kernel.log" if said else None)
     for name in ("01_first", "02_broken", "03_last"):
         assert (out / f"{name}.ipynb").exists() and (out / f"{name}.html").exists()
     executed = nbformat.read(str(out / "01_first.ipynb"), as_version=4)
