@@ -36,8 +36,10 @@ the sequence's own length. The batch moves where a chunk's scratch lives, not wh
 controls (`*_by_batch`) change exactly one thing, the chunk size, following AITER's rule
 (benchmarks/bench_gdn_prefill.py adds one that sizes the segments by the batch).
 
-Numerics: everything is float32; dots take float32 operands ("ieee" for float32 inputs, TF32 for
-bf16/fp16 inputs on GPUs that have it: `dot_precision(..., float32_operands=True)`). Values that
+Numerics: everything is float32; the prepare's and the recurrence's dots take float32 operands
+("ieee" for float32 inputs, TF32 for bf16/fp16 inputs on GPUs that have it:
+`dot_precision(..., float32_operands=True)`), the output's take bf16 operands for bf16 inputs on a
+GPU (`output_dot_precision`), accumulating in float32. Values that
 must land on a narrower grid (outputs; in the fused layer the conv output and fp8) are rounded
 explicitly to nearest-even in float32 first (`round_rne`), so the final cast is exact on every
 backend: Triton 3.9's interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8
@@ -54,7 +56,7 @@ import triton
 import triton.language as tl
 
 from gdn_lab.ops.delta_rule import CHUNK_SIZE, L2NORM_EPS, SOFTPLUS_THRESHOLD
-from gdn_lab.ops.triton_common import dot_precision, grid_args, round_rne
+from gdn_lab.ops.triton_common import DotPrecision, dot_precision, grid_args, round_rne
 
 # --- device helpers (`chunk_rows` serves the layer's own kernels too) ------------------------------
 
@@ -151,10 +153,11 @@ def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, o_v, HV: tl.constexpr, V: tl.c
 def chunk_output(
     q, k, norms, scale, us, gs, hs, rows, m_live, live, i_c, i_h, o_v,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, QK_ROW: tl.constexpr,
-    PREC: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, len(o_v)] float32
-    rows of chunk i_c, at the value columns o_v; q and k normalized here (`normalized_rows`).
+    rows of chunk i_c, at the value columns o_v; q and k normalized here (`normalized_rows`). The
+    three dots take DOT_DTYPE operands at PREC (`ChunkedRun.output_dot`), accumulating in float32.
 
     Rows outside m_live, and every row of a padding sequence (live False), read zeros. Callers fix
     the columns per shape, never per batch; on the H200 and in the interpreter every tiling
@@ -171,10 +174,12 @@ def chunk_output(
     b_vn = tl.load(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
     b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
     b_S = tl.where(live, b_S, 0.0)  # a padding sequence's chunk states were never written
-    b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+    b_q = b_q.to(DOT_DTYPE)
+    b_A = tl.dot(b_q, tl.trans(b_k.to(DOT_DTYPE)), input_precision=PREC)
     # G_i - G_j <= 0 for i >= j inside the sequence; the minimum keeps rows past its end (G = 0) finite
-    b_A = tl.where(incl, b_A * tl.exp(tl.minimum(b_G[:, None] - b_G[None, :], 0.0)), 0.0)
-    return tl.dot(b_q, b_S, input_precision=PREC) * tl.exp(b_G)[:, None] + tl.dot(b_A, b_vn, input_precision=PREC)
+    b_A = tl.where(incl, b_A * tl.exp(tl.minimum(b_G[:, None] - b_G[None, :], 0.0)), 0.0).to(DOT_DTYPE)
+    b_o = tl.dot(b_q, b_S.to(DOT_DTYPE), input_precision=PREC) * tl.exp(b_G)[:, None]
+    return b_o + tl.dot(b_A, b_vn.to(DOT_DTYPE), input_precision=PREC)
 
 
 @triton.jit
@@ -451,6 +456,7 @@ def _output_kernel(
     IO_MANT: tl.constexpr,
     IO_TINY: tl.constexpr,
     IO_MAGIC: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
     PREC: tl.constexpr,
 ):
     i_v, i_h, i_c = tile_head_item(V // BV, HV)  # a key head's R * V / BV programs read its q and k rows in turn
@@ -462,7 +468,7 @@ def _output_kernel(
     m_live = p < tl.where(live, length, 0)  # (a scalar boolean cannot mask a block in the interpreter)
     o_v = i_v * BV + tl.arange(0, BV)
     b_o = chunk_output(
-        q, k, norms, scale, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, QK_ROW, PREC
+        q, k, norms, scale, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, QK_ROW, DOT_DTYPE, PREC
     )
     b_o = round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
     tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
@@ -619,7 +625,9 @@ class ChunkedRun:
             too few tokens for any sequence to be cut (every sequence one segment).
         segment_chunks: chunks per segment.
         scratch: the float32 intermediates.
-        prec: the tl.dot input_precision of every dot ("ieee" or "tf32").
+        prec: the tl.dot input_precision of the float32 dots of the prepare and the state
+            recurrence ("ieee" or "tf32").
+        output_dot: the operands of the output's dots (`output_dot_precision`).
     """
 
     plan: ChunkPlan
@@ -627,6 +635,7 @@ class ChunkedRun:
     segment_chunks: int
     scratch: Scratch
     prec: str
+    output_dot: DotPrecision
 
 
 def chunked_run(
@@ -660,8 +669,25 @@ def chunked_run(
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V + K, **f32),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V, **f32),
     )
-    prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device).input_precision
-    return ChunkedRun(plan, segments, segment_chunks, scratch, prec)
+    prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device)
+    return ChunkedRun(
+        plan, segments, segment_chunks, scratch, prec.input_precision, output_dot_precision(prec, out.dtype)
+    )
+
+
+def output_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision:
+    """The output launch's dot operands, fixed by the input dtype (and the GPU), never by the batch.
+
+    For bf16 inputs, on a GPU, bf16 (q, k, the chunk state, the masked q k^T and v_new rounded to
+    the output's own grid, as fla's chunk kernels feed their dots), accumulating in float32: on an
+    H100 the output launch took 0.68-0.71x the time of TF32 operands, and the output stayed as
+    close to the float32 reference as fla's (data/bench/h100/README.md). fp16 inputs keep the
+    chunk's float32 operands (`chunk`): the state and v_new are not bounded by fp16's range.
+    Under the interpreter every dot is float32, as `dot_precision` says.
+    """
+    if dtype != torch.bfloat16:
+        return chunk
+    return dot_precision(dtype, dtype)
 
 
 def num_warps_for(*tile_elems: int, at: int = 8192) -> int:
@@ -801,7 +827,7 @@ def run_output_kernel(
         q=q, k=k, norms=s.norms, scale=scale, us=s.us, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
         HK=HK, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=q.stride(0), **grid_args("IO", out.dtype),
-        PREC=run.prec,
+        DOT_DTYPE=run.output_dot.dtype, PREC=run.output_dot.input_precision,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
 

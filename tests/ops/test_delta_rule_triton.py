@@ -2,7 +2,7 @@
 test device (its GPU, or the CPU interpreter): `round_rne` against torch's own casts, bit for bit; `_unit_lower_inverse` against a
 float64 inverse; `plan_chunks` against torch's cumsum and searchsorted; the three launches on
 column views of wider rows (the layer's conv output, its interleaved gates) against the same
-tensors copied out contiguous, bit for bit."""
+tensors copied out contiguous, bit for bit; the output dots' operand rule per input dtype."""
 
 import pytest
 import torch
@@ -18,6 +18,7 @@ from gdn_lab.ops.delta_rule_triton import (
     run_state_kernel,
 )
 from gdn_lab.ops.triton_common import grid_of, round_rne
+from gdn_lab.ops.triton_support import interpreting
 
 
 @triton.jit
@@ -142,3 +143,15 @@ def test_launches_read_column_views_as_their_copies(device):
     spread = wide[:, : 2 * hk * d].view(T, hk, 2 * d)[..., :d]  # heads 2d apart: not packed
     with pytest.raises(ValueError, match="packed heads"):
         run_prepare_kernel(run, spread, k, v, a, b, A_log, dt_bias, cu, slots, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_output_dots_take_bf16_operands_only_for_bf16_inputs_on_a_gpu(device, dtype):
+    """bf16 inputs on a GPU: bf16 operands at Triton's default precision; fp16 and float32 inputs,
+    and every input under the interpreter: the float32 operands of the chunk's other dots."""
+    cu = torch.tensor([0, 70], dtype=torch.int32, device=device)
+    run = chunked_run(cu, torch.empty(70, 2, 16, dtype=dtype, device=device), 1, 16, 64)
+    if dtype == torch.bfloat16 and not interpreting():
+        assert (run.output_dot.dtype, run.output_dot.input_precision) == (tl.bfloat16, None)
+    else:
+        assert (run.output_dot.dtype, run.output_dot.input_precision) == (tl.float32, run.prec)
