@@ -70,8 +70,10 @@ SEGMENT_VARIANTS = [
 PARALLEL_VARIANTS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3)]
 # (block_v, warps) of the output kernel's V tiles; its default is (OUTPUT_BLOCK_V, OUTPUT_WARPS), (128, 8)
 # the whole row of a head at 8 warps (the kernel before 68de164); the default tile at other warps and
-# stages is PARALLEL_VARIANTS'
-OUTPUT_TILES = [(128, 8), (128, 4), (32, 4)]
+# stages is PARALLEL_VARIANTS'. Not (32, 4): with bf16 dot operands, Triton 3.6's kernel for it made
+# an illegal memory access on an H100 at 16/32, 16384 tokens in one sequence, which ends the process
+# (data/bench/h100/diag_output_afb0139.log)
+OUTPUT_TILES = [(128, 8), (128, 4)]
 
 
 def launches(args: dict, device: torch.device) -> dict:

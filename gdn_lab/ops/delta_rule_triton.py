@@ -477,10 +477,11 @@ def _output_kernel(
 # --- host --------------------------------------------------------------------------------------
 
 STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batch
-# the output kernel's V tile and warps (fixed per shape): 64 values at 4 warps took 0.74-0.78x the
-# time of the whole row at 8 on the H200, 64 at 8 warps 0.82-0.83x, 32 at 4 warps 0.90-1.10x, 2
-# warps 1.5-2.0x; every tiling gave the same bits (scratch probe of 727f5c4 at 16k and 64k tokens,
-# 1 to 16 sequences; data/bench/h200/README.md)
+# the output kernel's V tile and warps (fixed per shape): on TF32 operands 64 values at 4 warps took
+# 0.74-0.78x the time of the whole row at 8 on the H200, 64 at 8 warps 0.82-0.83x, 32 at 4 warps
+# 0.90-1.10x, 2 warps 1.5-2.0x; every tiling gave the same bits (scratch probe of 727f5c4 at 16k and
+# 64k tokens, 1 to 16 sequences; data/bench/h200/README.md). On bf16 operands (an H100, afb0139) the
+# whole row at 4 warps took 0.94x the time of 64 values at 4, not yet run through the GPU suite.
 OUTPUT_BLOCK_V = 64
 OUTPUT_WARPS = 4
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
@@ -680,9 +681,10 @@ def output_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecisio
 
     For bf16 inputs, on a GPU, bf16 (q, k, the chunk state, the masked q k^T and v_new rounded to
     the output's own grid, as fla's chunk kernels feed their dots), accumulating in float32: on an
-    H100 the output launch took 0.68-0.71x the time of TF32 operands, and the output stayed as
-    close to the float32 reference as fla's (data/bench/h100/README.md). fp16 inputs keep the
-    chunk's float32 operands (`chunk`): the state and v_new are not bounded by fp16's range.
+    H100 the output launch took 0.69-0.70x the time of TF32 operands at 16/32 heads, and the
+    output's error against the float32 reference stayed below fla chunk's (rel_mae 0.0032 against
+    0.0037-0.0039; data/bench/h100/README.md, afb0139). fp16 inputs keep the chunk's float32
+    operands (`chunk`): the state and v_new are not bounded by fp16's range.
     Under the interpreter every dot is float32, as `dot_precision` says.
     """
     if dtype != torch.bfloat16:
