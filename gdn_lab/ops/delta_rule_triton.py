@@ -160,8 +160,8 @@ def chunk_output(
     three dots take DOT_DTYPE operands at PREC (`ChunkedRun.output_dot`), accumulating in float32.
 
     Rows outside m_live, and every row of a padding sequence (live False), read zeros. Callers fix
-    the columns per shape, never per batch; on the H200 and in the interpreter every tiling
-    measured gave a column the same bits.
+    the columns per shape, never per batch; on the H200 (on float32 operands) and in the
+    interpreter every tiling measured gave a column the same bits.
     """
     R: tl.constexpr = HV // HK
     i_kh = i_h // R
