@@ -160,8 +160,8 @@ def chunk_output(
     three dots take DOT_DTYPE operands at PREC (`ChunkedRun.output_dot`), accumulating in float32.
 
     Rows outside m_live, and every row of a padding sequence (live False), read zeros. Callers fix
-    the columns per shape, never per batch; on the H200 (on float32 operands) and in the
-    interpreter every tiling measured gave a column the same bits.
+    the columns per shape, never per batch; every tiling measured gave a column the same bits (on
+    float32 operands on the H200 and in the interpreter, on bf16 operands on an H100).
     """
     R: tl.constexpr = HV // HK
     i_kh = i_h // R
@@ -480,8 +480,9 @@ STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batc
 # the output kernel's V tile and warps (fixed per shape): on TF32 operands 64 values at 4 warps took
 # 0.74-0.78x the time of the whole row at 8 on the H200, 64 at 8 warps 0.82-0.83x, 32 at 4 warps
 # 0.90-1.10x, 2 warps 1.5-2.0x; every tiling gave the same bits (scratch probe of 727f5c4 at 16k and
-# 64k tokens, 1 to 16 sequences; data/bench/h200/README.md). On bf16 operands (an H100, afb0139) the
-# whole row at 4 warps took 0.94x the time of 64 values at 4, not yet run through the GPU suite.
+# 64k tokens, 1 to 16 sequences; data/bench/h200/README.md). On bf16 operands (an H100, afb0139 and
+# 561cc8a) the whole row at 4 warps took 0.94-0.95x the time of 64 values at 4 (0.99x at 4/8, 16k),
+# the same bits: a switch not yet run through the GPU suite.
 OUTPUT_BLOCK_V = 64
 OUTPUT_WARPS = 4
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
