@@ -8,11 +8,11 @@ that only the state recurrence walks a sequence, segment by segment:
    factors of q and k (the later launches scale the input rows by them: `normalized_rows`), the
    gates (`chunk_gates`), the chunk's cumulative log decay G,
    A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 (blocked: `_unit_lower_inverse`),
-   w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into fp32 scratch, k and v
-   in column pieces.
+   w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into float32 scratch, k
+   and v in column pieces.
 2. `run_state_kernel`'s launches: `_state_kernel`, one program per (segment, value head, V tile),
-   chunk after chunk: it stores the state entering each chunk, turns u into v_new = u - w S (S as
-   [K, V]), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to
+   chunk after chunk: it stores the state entering each chunk and v_new = u - w S (S as [K, V])
+   for the output launch (`Scratch`), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to
    the pool. Where one sequence's heads leave the GPU idle (`segment_from_of`), a sequence of more
    than SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS chunks, whose entering states
    come from the segments' affine maps (the same kernel, TRANSFER) through
@@ -39,7 +39,8 @@ controls (`*_by_batch`) change exactly one thing, the chunk size, following AITE
 Numerics: everything is float32; the prepare's and the recurrence's dots take float32 operands
 ("ieee" for float32 inputs, TF32 for bf16/fp16 inputs on GPUs that have it:
 `dot_precision(..., float32_operands=True)`), the output's take bf16 operands for bf16 inputs on a
-GPU (`output_dot_precision`), accumulating in float32. Values that
+GPU (`output_dot_precision`; the state launch stores the chunk states and v_new on that grid),
+accumulating in float32. Values that
 must land on a narrower grid (outputs; in the fused layer the conv output and fp8) are rounded
 explicitly to nearest-even in float32 first (`round_rne`), so the final cast is exact on every
 backend: Triton 3.9's interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8
@@ -151,7 +152,7 @@ def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, o_v, HV: tl.constexpr, V: tl.c
 
 @triton.jit
 def chunk_output(
-    q, k, norms, scale, us, gs, hs, rows, m_live, live, i_c, i_h, o_v,
+    q, k, norms, scale, vs, gs, hs, rows, m_live, live, i_c, i_h, o_v,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, QK_ROW: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -171,7 +172,7 @@ def chunk_output(
     b_q = normalized_rows(q, norms, rows, m_live, i_kh, 0, HK, K, QK_ROW) * scale
     b_k = normalized_rows(k, norms, rows, m_live, i_kh, 1, HK, K, QK_ROW)
     b_G = tl.load(gs + rows * HV + i_h, mask=m_live, other=0.0)
-    b_vn = tl.load(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
+    b_vn = tl.load(vs + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
     b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
     b_S = tl.where(live, b_S, 0.0)  # a padding sequence's chunk states were never written
     b_q = b_q.to(DOT_DTYPE)
@@ -313,6 +314,7 @@ def _state_kernel(
     norms,
     ws,
     us,
+    vs,
     gs,
     hs,
     trans,
@@ -386,14 +388,15 @@ def _state_kernel(
         m_t = rows < eos
         if not TRANSFER:
             p_hs = hs + ((c0 + j) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :]
-            tl.store(p_hs, b_S)  # the state entering chunk j, for the output kernel
+            tl.store(p_hs, b_S.to(hs.dtype.element_ty))  # the state entering chunk j, for the output kernel
         b_w = tl.load(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], mask=m_t[:, None], other=0.0)
         p_u = us + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
         # X's columns take u = 0; S's alone keep the row mask (a column mask cost 7 % on the H200)
         m_u = (m_t[:, None] & (o_c < V)[None, :]) if TRANSFER else m_t[:, None]
         b_vn = tl.load(p_u, mask=m_u, other=0.0) - tl.dot(b_w, b_S, input_precision=PREC)
         if not TRANSFER:
-            tl.store(p_u, b_vn, mask=m_u)  # u becomes v_new in place
+            p_vn = vs + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
+            tl.store(p_vn, b_vn.to(vs.dtype.element_ty), mask=m_u)
         last = tl.minimum(bos + j * BT + BT, eos) - 1
         g_last = tl.load(gs + last * HV + i_h)
         b_G = tl.load(gs + rows * HV + i_h, mask=m_t, other=0.0)
@@ -437,7 +440,7 @@ def _output_kernel(
     k,
     norms,
     scale,
-    us,
+    vs,
     gs,
     hs,
     out,
@@ -468,7 +471,7 @@ def _output_kernel(
     m_live = p < tl.where(live, length, 0)  # (a scalar boolean cannot mask a block in the interpreter)
     o_v = i_v * BV + tl.arange(0, BV)
     b_o = chunk_output(
-        q, k, norms, scale, us, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, QK_ROW, DOT_DTYPE, PREC
+        q, k, norms, scale, vs, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, QK_ROW, DOT_DTYPE, PREC
     )
     b_o = round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
     tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
@@ -593,14 +596,21 @@ def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, *sizes: tuple[int, 
 
 @dataclass(frozen=True)
 class Scratch:
-    """float32 intermediates between the launches (token-major, so chunks need no padding).
+    """The intermediates between the launches (token-major, so chunks need no padding): float32,
+    but for what only the output's dots read, kept in their operand dtype (`ChunkedRun.output_dot`).
 
     Attributes:
         norms: [T, HK, 2] the L2 norm factors of q and k (1 without the norm): the later launches
             normalize the input rows themselves, which reads half the bytes of normalized float32
             copies and writes none.
-        ws: [T, HV, K]; us: [T, HV, V] (u, then v_new in place); gs: [T, HV] cumulative log decay.
-        hs: [max_chunks, HV, K, V] the state entering each chunk.
+        ws: [T, HV, K]; us: [T, HV, V] u; gs: [T, HV] cumulative log decay.
+        vs: [T, HV, V] v_new, from the state launch for the output's dots: us itself (v_new over
+            u) on float32 operands, its own tensor on 16-bit ones.
+        hs: [max_chunks, HV, K, V] the state entering each chunk, for the output's dots, in their
+            operand dtype. The state launch rounds v_new and S to it as the output launch did
+            (round to nearest even), so the output's bits are those of float32 scratch; on bf16
+            operands the two tensors are half the bytes the state launch writes and the output
+            launch reads.
         trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`).
         starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`).
             trans and starts are None when no sequence of the call can be cut.
@@ -609,6 +619,7 @@ class Scratch:
     norms: torch.Tensor
     ws: torch.Tensor
     us: torch.Tensor
+    vs: torch.Tensor
     gs: torch.Tensor
     hs: torch.Tensor
     trans: torch.Tensor | None
@@ -626,7 +637,7 @@ class ChunkedRun:
             `segment_from` tokens, one segment for a shorter sequence; None when the call has
             too few tokens for any sequence to be cut (every sequence one segment).
         segment_chunks: chunks per segment.
-        scratch: the float32 intermediates.
+        scratch: the intermediates.
         prec: the tl.dot input_precision of the float32 dots of the prepare and the state
             recurrence ("ieee" or "tf32").
         output_dot: the operands of the output's dots (`output_dot_precision`).
@@ -661,20 +672,22 @@ def chunked_run(
         plan, segments = plan_chunks(cu_seqlens, T, (chunk_size, 0), (segment, cut_from))
     else:
         (plan,), segments = plan_chunks(cu_seqlens, T, (chunk_size, 0)), None
+    prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device)
+    output_dot = output_dot_precision(prec, out.dtype)
     f32 = {"dtype": torch.float32, "device": device}
+    operand = f32 if output_dot.dtype == tl.float32 else {"dtype": out.dtype, "device": device}
+    us = torch.empty(T, HV, V, **f32)
     scratch = Scratch(
         torch.empty(T, HK, 2, **f32),
         torch.empty(T, HV, K, **f32),
-        torch.empty(T, HV, V, **f32),
+        us,
+        us if operand is f32 else torch.empty(T, HV, V, **operand),
         torch.empty(T, HV, **f32),
-        torch.empty(plan.max_chunks, HV, K, V, **f32),
+        torch.empty(plan.max_chunks, HV, K, V, **operand),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V + K, **f32),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V, **f32),
     )
-    prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device)
-    return ChunkedRun(
-        plan, segments, segment_chunks, scratch, prec.input_precision, output_dot_precision(prec, out.dtype)
-    )
+    return ChunkedRun(plan, segments, segment_chunks, scratch, prec.input_precision, output_dot)
 
 
 def output_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision:
@@ -790,7 +803,7 @@ def run_state_kernel(
     args = dict(
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
         seg_cu=None if segs is None else segs.chunk_cu, seg_seq=None if segs is None else segs.chunk_seq,
-        k=k, norms=s.norms, ws=s.ws, us=s.us, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
+        k=k, norms=s.norms, ws=s.ws, us=s.us, vs=s.vs, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
         N=n, HK=k.shape[1], HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=k.stride(0),
         SEG=run.segment_chunks, PREC=run.prec,
         **_launch_options(num_warps, num_stages),
@@ -827,7 +840,7 @@ def run_output_kernel(
     s = run.scratch
     bv = min(V, block_v)
     _output_kernel[(run.plan.max_chunks * HV * (V // bv),)](
-        q=q, k=k, norms=s.norms, scale=scale, us=s.us, gs=s.gs, hs=s.hs, out=out,
+        q=q, k=k, norms=s.norms, scale=scale, vs=s.vs, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
         HK=HK, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=q.stride(0), **grid_args("IO", out.dtype),
         DOT_DTYPE=run.output_dot.dtype, PREC=run.output_dot.input_precision,

@@ -2,7 +2,10 @@
 test device (its GPU, or the CPU interpreter): `round_rne` against torch's own casts, bit for bit; `_unit_lower_inverse` against a
 float64 inverse; `plan_chunks` against torch's cumsum and searchsorted; the three launches on
 column views of wider rows (the layer's conv output, its interleaved gates) against the same
-tensors copied out contiguous, bit for bit; the output dots' operand rule per input dtype."""
+tensors copied out contiguous, bit for bit; the output dots' operand rule per input dtype, and the
+scratch kept on their grid against float32 scratch, bit for bit."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from gdn_lab.ops.delta_rule_triton import (
     run_prepare_kernel,
     run_state_kernel,
 )
-from gdn_lab.ops.triton_common import grid_of, round_rne
+from gdn_lab.ops.triton_common import DotPrecision, grid_of, round_rne
 from gdn_lab.ops.triton_support import interpreting
 
 
@@ -155,3 +158,44 @@ def test_output_dots_take_bf16_operands_only_for_bf16_inputs_on_a_gpu(device, dt
         assert (run.output_dot.dtype, run.output_dot.input_precision) == (tl.bfloat16, None)
     else:
         assert (run.output_dot.dtype, run.output_dot.input_precision) == (tl.float32, run.prec)
+
+
+def _with_operand_scratch(run, dtype: torch.dtype):
+    """run on bf16 output dots with v_new and the chunk states kept in dtype (float32: v_new over u)."""
+    s = run.scratch
+    vs = s.us if dtype == torch.float32 else torch.empty_like(s.us, dtype=dtype)
+    scratch = dataclasses.replace(s, vs=vs, hs=torch.empty_like(s.hs, dtype=dtype))
+    return dataclasses.replace(run, output_dot=DotPrecision(tl.bfloat16, None), scratch=scratch)
+
+
+def test_scratch_on_the_output_operand_grid_gives_the_float32_scratch_bits(device):
+    """The state launch rounds v_new and the chunk states to the output dots' bf16 operands as the
+    output launch would: the output and the pool states equal theirs over float32 scratch, bit for
+    bit, over sequences of one chunk, several, and a partial last one. The default run keeps
+    that scratch in bf16 exactly where its output dots are bf16 (bf16 inputs on a GPU)."""
+    hk, hv, d, lengths = 1, 2, 32, [70, 5, 130]
+    T = sum(lengths)
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(T, hk, d, generator=g).to(torch.bfloat16).to(device) for _ in range(2))
+    v = torch.randn(T, hv, d, generator=g).to(torch.bfloat16).to(device)
+    a, b = (torch.randn(T, hv, generator=g).to(torch.bfloat16).to(device) for _ in range(2))
+    A_log, dt_bias = torch.randn(hv, generator=g).to(device), torch.randn(hv, generator=g).to(device)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    slots = torch.tensor([2, 0, 1], dtype=torch.int32, device=device)
+    pool = (0.1 * torch.randn(3, hv, d, d, generator=g)).to(device)
+    results = []
+    for dtype in (torch.bfloat16, torch.float32):
+        out, state = torch.empty(T, hv, d, dtype=torch.bfloat16, device=device), pool.clone()
+        default = chunked_run(cu, out, hk, d, 64)
+        operand = torch.float32 if default.output_dot.dtype == tl.float32 else torch.bfloat16
+        assert default.scratch.vs.dtype == default.scratch.hs.dtype == operand
+        assert (default.scratch.vs is default.scratch.us) == (operand == torch.float32)
+        run = _with_operand_scratch(default, dtype)
+        run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu, slots, True)
+        run_state_kernel(run, k, state, slots, cu)
+        run_output_kernel(run, q, k, d**-0.5, out, cu, slots)
+        results.append((out, state))
+    (out_h, state_h), (out_f, state_f) = results
+    assert torch.equal(state_h, state_f)
+    assert torch.equal(out_h, out_f)
+    assert out_h.isfinite().all() and out_h.abs().max() > 0

@@ -440,7 +440,8 @@ def gdn_layer_prefill_fused(
     b, a = ba[..., : HV // HK], ba[..., HV // HK :]
     run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, cache_indices, True)
     run_state_kernel(run, k, delta_state, cache_indices, cu_seqlens)
-    # the delta rule's output in float32, over u (each output program reads only the u it overwrites)
+    # the delta rule's output in float32, over u (where v_new is kept there, on float32 operands,
+    # each output program reads only the rows and values it overwrites)
     run_output_kernel(run, q, k, D**-0.5, s.us, cu_seqlens, cache_indices)
     # the norm launch at 4 warps (its tiles are [BT, V]; 8 was not compared on the H200)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
