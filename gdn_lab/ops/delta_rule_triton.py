@@ -483,9 +483,9 @@ STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batc
 # the output kernel's V tile and warps (fixed per shape): on TF32 operands 64 values at 4 warps took
 # 0.74-0.78x the time of the whole row at 8 on the H200, 64 at 8 warps 0.82-0.83x, 32 at 4 warps
 # 0.90-1.10x, 2 warps 1.5-2.0x; every tiling gave the same bits (scratch probe of 727f5c4 at 16k and
-# 64k tokens, 1 to 16 sequences; data/bench/h200/README.md). On bf16 operands (an H100, afb0139 and
-# 561cc8a) the whole row at 4 warps took 0.94-0.95x the time of 64 values at 4 (0.99x at 4/8, 16k),
-# the same bits: a switch not yet run through the GPU suite.
+# 64k tokens, 1 to 16 sequences; data/bench/h200/README.md). On bf16 operands (an H100) the whole
+# row at 4 warps took 0.94-0.95x the time of 64 values at 4 while the chunk states and v_new were
+# float32 (afb0139), but 1.06-1.13x once they are bf16 (98244bf, 8k-64k tokens, both head shapes).
 OUTPUT_BLOCK_V = 64
 OUTPUT_WARPS = 4
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
@@ -610,7 +610,8 @@ class Scratch:
             operand dtype. The state launch rounds v_new and S to it as the output launch did
             (round to nearest even), so the output's bits are those of float32 scratch; on bf16
             operands the two tensors are half the bytes the state launch writes and the output
-            launch reads.
+            launch reads (on an H100 at 16/32 heads, 16k and 64k tokens: the output launch 0.78-0.81x
+            its time, the state launch 0.91-0.94x, the call 0.92-0.93x; data/bench/h100/README.md).
         trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`).
         starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`).
             trans and starts are None when no sequence of the call can be cut.
