@@ -12,12 +12,12 @@ that only the state recurrence walks a sequence, segment by segment:
    and v in column pieces.
 2. `run_state_kernel`'s launches: `_state_kernel`, one program per (segment, value head, V tile),
    chunk after chunk: it stores the state entering each chunk and v_new = u - w S (S as [K, V])
-   for the output launch (`Scratch`), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to
-   the pool. Where one sequence's heads leave the GPU idle (`segment_from_of`), a sequence of more
-   than SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS chunks, whose entering states
-   come from the segments' affine maps (the same kernel, TRANSFER) through
-   `_segment_starts_kernel`; a shorter one is one segment (the serial recurrence), and a call in
-   which no sequence can be cut is the state kernel alone (FROM_POOL).
+   for the output launch (`Scratch`), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new
+   and writes the final state to the pool. Where one sequence's heads leave the GPU idle
+   (`segment_from_of`), a sequence of more than SEGMENT_FROM tokens is cut into segments of
+   SEGMENT_CHUNKS chunks, whose entering states come from the segments' affine maps (the same
+   kernel, TRANSFER) through `_segment_starts_kernel`; a shorter one is one segment (the serial
+   recurrence), and a call in which no sequence can be cut is the state kernel alone (FROM_POOL).
 3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values), chunk-major:
    o = exp(G) (q S_c) + (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
 
@@ -40,11 +40,10 @@ Numerics: everything is float32; the prepare's and the recurrence's dots take fl
 ("ieee" for float32 inputs, TF32 for bf16/fp16 inputs on GPUs that have it:
 `dot_precision(..., float32_operands=True)`), the output's take bf16 operands for bf16 inputs on a
 GPU (`output_dot_precision`; the state launch stores the chunk states and v_new on that grid),
-accumulating in float32. Values that
-must land on a narrower grid (outputs; in the fused layer the conv output and fp8) are rounded
-explicitly to nearest-even in float32 first (`round_rne`), so the final cast is exact on every
-backend: Triton 3.9's interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8
-(e.g. 31.86 -> 16 instead of 32).
+accumulating in float32. Values that must land on a narrower grid (outputs; in the fused layer
+the conv output and fp8) are rounded explicitly to nearest-even in float32 first (`round_rne`),
+so the final cast is exact on every backend: Triton 3.9's interpreter truncates fp32 -> bf16 and
+drops the carry in fp32 -> fp8 (e.g. 31.86 -> 16 instead of 32).
 """
 
 from __future__ import annotations
