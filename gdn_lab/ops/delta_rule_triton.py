@@ -675,13 +675,14 @@ def chunked_run(
     prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device)
     output_dot = output_dot_precision(prec, out.dtype)
     f32 = {"dtype": torch.float32, "device": device}
-    operand = f32 if output_dot.dtype == tl.float32 else {"dtype": out.dtype, "device": device}
+    narrow = output_dot.dtype != tl.float32  # the output's dots take the input dtype's operands
+    operand = {"dtype": out.dtype, "device": device} if narrow else f32
     us = torch.empty(T, HV, V, **f32)
     scratch = Scratch(
         torch.empty(T, HK, 2, **f32),
         torch.empty(T, HV, K, **f32),
         us,
-        us if operand is f32 else torch.empty(T, HV, V, **operand),
+        torch.empty(T, HV, V, **operand) if narrow else us,
         torch.empty(T, HV, **f32),
         torch.empty(plan.max_chunks, HV, K, V, **operand),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V + K, **f32),
