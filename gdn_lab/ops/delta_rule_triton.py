@@ -8,8 +8,8 @@ that only the state recurrence walks a sequence, segment by segment:
    factors of q and k (the later launches scale the input rows by them: `normalized_rows`), the
    gates (`chunk_gates`), the chunk's cumulative log decay G,
    A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 (blocked: `_unit_lower_inverse`),
-   w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into float32 scratch, k
-   and v in column pieces.
+   w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into scratch (`Scratch`),
+   k and v in column pieces.
 2. `run_state_kernel`'s launches: `_state_kernel`, one program per (segment, value head, V tile),
    chunk after chunk: it stores the state entering each chunk and v_new = u - w S (S as [K, V])
    for the output launch (`Scratch`), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new
@@ -36,14 +36,15 @@ the sequence's own length. The batch moves where a chunk's scratch lives, not wh
 controls (`*_by_batch`) change exactly one thing, the chunk size, following AITER's rule
 (benchmarks/bench_gdn_prefill.py adds one that sizes the segments by the batch).
 
-Numerics: everything is float32; the prepare's and the recurrence's dots take float32 operands
-("ieee" for float32 inputs, TF32 for bf16/fp16 inputs on GPUs that have it:
-`dot_precision(..., float32_operands=True)`), the output's take bf16 operands for bf16 inputs on a
-GPU (`output_dot_precision`; the state launch stores the chunk states and v_new on that grid),
-accumulating in float32. Values that must land on a narrower grid (outputs; in the fused layer
-the conv output and fp8) are rounded explicitly to nearest-even in float32 first (`round_rne`),
-so the final cast is exact on every backend: Triton 3.9's interpreter truncates fp32 -> bf16 and
-drops the carry in fp32 -> fp8 (e.g. 31.86 -> 16 instead of 32).
+Numerics: everything is float32 but the dots' operands: the inverse's are float32 ("ieee" for
+float32 inputs, TF32 for bf16/fp16 inputs on GPUs that have it: `dot_precision(...,
+float32_operands=True)`); every other dot takes the same for float32 and fp16 inputs, and bf16
+operands for bf16 inputs on a GPU (`chunk_dot_precision`; w, v_new and the chunk states are
+stored on that grid), accumulating in float32. Values that must land on a narrower grid
+(outputs; in the fused layer the conv output and fp8) are rounded explicitly to nearest-even in
+float32 first (`round_rne`), so the final cast is exact on every backend: Triton 3.9's
+interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8 (e.g. 31.86 -> 16 instead
+of 32).
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ def _unit_lower_inverse(A, BT: tl.constexpr, PREC: tl.constexpr):
     (I + A)^-1 = (I - N)(I + N^2) D^-1. D^-1 is forward substitution inside the blocks, all blocks
     at once: 15 row steps on [BT / 16, 16, 16] instead of BT - 1 steps on the whole tile (the row
     steps' cross-thread reductions were most of the prepare kernel's time). The products are dots
-    at the chunk's precision PREC, as the chunk's other dots (TF32 for 16-bit inputs: measured on
-    the H200 at 4096 tokens, the same output error against the float64 reference as IEEE float32
-    dots, and the prepare kernel 1.6x faster).
+    on float32 operands at PREC (TF32 for 16-bit inputs: measured on the H200 at 4096 tokens, the
+    same output error against the float64 reference as IEEE float32 dots, and the prepare kernel
+    1.6x faster).
     """
     tl.static_assert(BT == 16 or BT == 32 or BT == 64, "_unit_lower_inverse: BT must be 16, 32 or 64")
     NB: tl.constexpr = BT // 16
@@ -135,17 +136,24 @@ def chunk_inverse(kk, b_beta, b_G, BT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def store_w(b_T, b_k, b_scale, ws, rows, m_t, i_h, o_k, HV: tl.constexpr, K: tl.constexpr, PREC: tl.constexpr):
+def store_w(
+    b_T, b_k, b_scale, ws, rows, m_t, i_h, o_k,
+    HV: tl.constexpr, K: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
     """Stores w = T (b_scale k) at the key columns o_k (b_k: k's values there; b_scale [BT]: beta exp(G),
-    times each row's L2 norm factor when b_k is not normalized)."""
-    b_w = tl.dot(b_T, b_k * b_scale[:, None], input_precision=PREC)
-    tl.store(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], b_w, mask=m_t[:, None])
+    times each row's L2 norm factor when b_k is not normalized), on DOT_DTYPE operands at PREC, into
+    ws's dtype (the state launch's dot operand)."""
+    b_w = tl.dot(b_T.to(DOT_DTYPE), (b_k * b_scale[:, None]).to(DOT_DTYPE), input_precision=PREC)
+    tl.store(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], b_w.to(ws.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit
-def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, o_v, HV: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr):
-    """Stores u = T (beta v) at the value columns o_v (b_v: v's values there)."""
-    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PREC)
+def store_u(
+    b_T, b_v, b_beta, us, rows, m_t, i_h, o_v,
+    HV: tl.constexpr, V: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Stores u = T (beta v) at the value columns o_v (b_v: v's values there), on DOT_DTYPE operands at PREC."""
+    b_u = tl.dot(b_T.to(DOT_DTYPE), (b_v * b_beta[:, None]).to(DOT_DTYPE), input_precision=PREC)
     tl.store(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_u, mask=m_t[:, None])
 
 
@@ -157,7 +165,7 @@ def chunk_output(
 ):  # fmt: skip
     """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, len(o_v)] float32
     rows of chunk i_c, at the value columns o_v; q and k normalized here (`normalized_rows`). The
-    three dots take DOT_DTYPE operands at PREC (`ChunkedRun.output_dot`), accumulating in float32.
+    three dots take DOT_DTYPE operands at PREC (`ChunkedRun.dot`), accumulating in float32.
 
     Rows outside m_live, and every row of a padding sequence (live False), read zeros. Callers fix
     the columns per shape, never per batch; every tiling measured gave a column the same bits (on
@@ -193,9 +201,15 @@ def tile_head_item(NV: tl.constexpr, HV: tl.constexpr):
 
 
 @triton.jit
+def _raw_rows(x, rows, cols, m_t, ROW: tl.constexpr):
+    """x[rows][:, cols] of a row-major [T, ROW] input, in its dtype [BT, len(cols)]; rows outside m_t read 0."""
+    return tl.load(x + rows[:, None] * ROW + cols[None, :], mask=m_t[:, None], other=0.0)
+
+
+@triton.jit
 def _load_rows(x, rows, cols, m_t, ROW: tl.constexpr):
-    """x[rows][:, cols] of a row-major [T, ROW] input as float32 [BT, len(cols)]; rows outside m_t read 0."""
-    return tl.load(x + rows[:, None] * ROW + cols[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
+    """`_raw_rows` as float32."""
+    return _raw_rows(x, rows, cols, m_t, ROW).to(tl.float32)
 
 
 @triton.jit
@@ -245,8 +259,12 @@ def _prepare_kernel(
     EPS: tl.constexpr,
     SOFTPLUS_T: tl.constexpr,
     PREC: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     """One program per (chunk, value head); k and v in pieces of KP and VP columns (`column_piece`).
+    k k^T, w and u take DOT_DTYPE operands at DOT_PREC, the inverse's dots float32 ones at PREC
+    (`ChunkedRun`).
 
     q and k are rows of QK_ROW elements ([HK, K] at their start), v of V_ROW ([HV, V]); a and b
     hold value head h of key head h // R at row * G_ROW + (h // R) * G_KH + h % R.
@@ -279,7 +297,8 @@ def _prepare_kernel(
     for c in tl.static_range(K // KP):
         b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
         sq += tl.sum(b_kc * b_kc, 1)
-        kk += tl.dot(b_kc, tl.trans(b_kc), input_precision=PREC)
+        b_ko = b_kc.to(DOT_DTYPE)  # the raw rows: exact in their own 16-bit dtype
+        kk += tl.dot(b_ko, tl.trans(b_ko), input_precision=DOT_PREC)
     r_k = tl.full([BT], 1.0, tl.float32)
     if L2NORM:
         r_k = tl.math.rsqrt(sq + EPS)
@@ -287,10 +306,10 @@ def _prepare_kernel(
     s_w = r_k * b_beta * tl.exp(b_G)
     for c in tl.static_range(K // KP):
         b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
-        store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, PREC)
+        store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, DOT_DTYPE, DOT_PREC)
     for c in tl.static_range(V // VP):
         b_vc = _load_rows(v, rows, i_h * V + c * VP + o_vp, m_t, V_ROW)
-        store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, PREC)
+        store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, DOT_DTYPE, DOT_PREC)
     if i_h % R == 0:  # one value head per key head writes the factors of its q and k
         r_q = tl.full([BT], 1.0, tl.float32)
         if L2NORM:
@@ -330,9 +349,11 @@ def _state_kernel(
     SEG: tl.constexpr,
     TRANSFER: tl.constexpr,
     FROM_POOL: tl.constexpr,
-    PREC: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
-    """One program per (segment, value head, column tile); see `run_state_kernel`.
+    """One program per (segment, value head, column tile); see `run_state_kernel`. Both dots take
+    DOT_DTYPE operands at DOT_PREC (`ChunkedRun.dot`), accumulating in float32.
 
     Per chunk, with w, u and k of the chunk, S <- A S + B for A = exp(g_last) I - kd^T w and
     B = kd^T u (kd = k exp(g_last - G)): v_new = u - w S, S <- exp(g_last) S + kd^T v_new.
@@ -392,15 +413,26 @@ def _state_kernel(
         p_u = us + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
         # X's columns take u = 0; S's alone keep the row mask (a column mask cost 7 % on the H200)
         m_u = (m_t[:, None] & (o_c < V)[None, :]) if TRANSFER else m_t[:, None]
-        b_vn = tl.load(p_u, mask=m_u, other=0.0) - tl.dot(b_w, b_S, input_precision=PREC)
+        b_vn = tl.load(p_u, mask=m_u, other=0.0) - tl.dot(
+            b_w.to(DOT_DTYPE), b_S.to(DOT_DTYPE), input_precision=DOT_PREC
+        )
         if not TRANSFER:
             p_vn = vs + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
             tl.store(p_vn, b_vn.to(vs.dtype.element_ty), mask=m_u)
         last = tl.minimum(bos + j * BT + BT, eos) - 1
         g_last = tl.load(gs + last * HV + i_h)
         b_G = tl.load(gs + rows * HV + i_h, mask=m_t, other=0.0)
-        b_kd = normalized_rows(k, norms, rows, m_t, i_h // R, 1, HK, K, QK_ROW) * tl.exp(g_last - b_G)[:, None]
-        b_S = b_S * tl.exp(g_last) + tl.dot(tl.trans(b_kd), b_vn, input_precision=PREC)
+        if DOT_DTYPE == tl.float32:  # noqa: SIM300 (a constexpr parameter, not a constant)
+            b_kd = normalized_rows(k, norms, rows, m_t, i_h // R, 1, HK, K, QK_ROW) * tl.exp(g_last - b_G)[:, None]
+            b_kv = tl.dot(tl.trans(b_kd), b_vn, input_precision=DOT_PREC)
+        else:
+            # k's raw rows are exact 16-bit operands; its norm factor and the decay scale v_new's
+            # rows instead, so one rounding, of a [BT, BV] tile, feeds the dot
+            r_k = tl.load(norms + rows * (HK * 2) + (i_h // R) * 2 + 1, mask=m_t, other=0.0)
+            b_vd = (b_vn * (r_k * tl.exp(g_last - b_G))[:, None]).to(DOT_DTYPE)
+            b_k = _raw_rows(k, rows, (i_h // R) * K + o_k, m_t, QK_ROW).to(DOT_DTYPE)
+            b_kv = tl.dot(tl.trans(b_k), b_vd, input_precision=DOT_PREC)
+        b_S = b_S * tl.exp(g_last) + b_kv
     if TRANSFER:
         tl.store(trans + ((s0 + s) * HV + i_h) * (K * (V + K)) + o_k[:, None] * (V + K) + o_c[None, :], b_S)
     elif s == n_segs - 1:
@@ -596,21 +628,24 @@ def plan_chunks(cu_seqlens: torch.Tensor, total_tokens: int, *sizes: tuple[int, 
 @dataclass(frozen=True)
 class Scratch:
     """The intermediates between the launches (token-major, so chunks need no padding): float32,
-    but for what only the output's dots read, kept in their operand dtype (`ChunkedRun.output_dot`).
+    but for what only dots read, kept in their operand dtype (`ChunkedRun.dot`): each value is
+    rounded to it once, where it is stored, as the dot would round it (round to nearest even), so
+    the bits are those of float32 scratch.
 
     Attributes:
         norms: [T, HK, 2] the L2 norm factors of q and k (1 without the norm): the later launches
             normalize the input rows themselves, which reads half the bytes of normalized float32
             copies and writes none.
-        ws: [T, HV, K]; us: [T, HV, V] u; gs: [T, HV] cumulative log decay.
+        ws: [T, HV, K] w, in the operand dtype (the state launch's dots alone read it); us: [T,
+            HV, V] u, float32 (the state launch subtracts w S from it); gs: [T, HV] cumulative
+            log decay.
         vs: [T, HV, V] v_new, from the state launch for the output's dots: us itself (v_new over
             u) on float32 operands, its own tensor on 16-bit ones.
-        hs: [max_chunks, HV, K, V] the state entering each chunk, for the output's dots, in their
-            operand dtype. The state launch rounds v_new and S to it as the output launch did
-            (round to nearest even), so the output's bits are those of float32 scratch; on bf16
-            operands the two tensors are half the bytes the state launch writes and the output
-            launch reads (on an H100 at 16/32 heads, 16k and 64k tokens: the output launch 0.78-0.81x
-            its time, the state launch 0.91-0.94x, the call 0.92-0.93x; data/bench/h100/README.md).
+        hs: [max_chunks, HV, K, V] the state entering each chunk, for the output's dots. On bf16
+            operands w, v_new and the chunk states are half the bytes the launches write and
+            read (on an H100 at 16/32 heads, 16k and 64k tokens, v_new and the chunk states: the
+            output launch 0.78-0.81x its time, the state launch 0.91-0.94x, the call 0.92-0.93x;
+            data/bench/h100/README.md).
         trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`).
         starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`).
             trans and starts are None when no sequence of the call can be cut.
@@ -638,9 +673,10 @@ class ChunkedRun:
             too few tokens for any sequence to be cut (every sequence one segment).
         segment_chunks: chunks per segment.
         scratch: the intermediates.
-        prec: the tl.dot input_precision of the float32 dots of the prepare and the state
-            recurrence ("ieee" or "tf32").
-        output_dot: the operands of the output's dots (`output_dot_precision`).
+        prec: the tl.dot input_precision of the inverse's float32 dots in the prepare, and of
+            the segment entering states ("ieee" or "tf32").
+        dot: the operands of every other dot: the prepare's k k^T, w and u, the state
+            recurrence's and the output's (`chunk_dot_precision`).
     """
 
     plan: ChunkPlan
@@ -648,7 +684,7 @@ class ChunkedRun:
     segment_chunks: int
     scratch: Scratch
     prec: str
-    output_dot: DotPrecision
+    dot: DotPrecision
 
 
 def chunked_run(
@@ -673,14 +709,14 @@ def chunked_run(
     else:
         (plan,), segments = plan_chunks(cu_seqlens, T, (chunk_size, 0)), None
     prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device)
-    output_dot = output_dot_precision(prec, out.dtype)
+    dot = chunk_dot_precision(prec, out.dtype)
     f32 = {"dtype": torch.float32, "device": device}
-    narrow = output_dot.dtype != tl.float32  # the output's dots take the input dtype's operands
+    narrow = dot.dtype != tl.float32  # the dots take the input dtype's operands
     operand = {"dtype": out.dtype, "device": device} if narrow else f32
     us = torch.empty(T, HV, V, **f32)
     scratch = Scratch(
         torch.empty(T, HK, 2, **f32),
-        torch.empty(T, HV, K, **f32),
+        torch.empty(T, HV, K, **operand),
         us,
         torch.empty(T, HV, V, **operand) if narrow else us,
         torch.empty(T, HV, **f32),
@@ -688,18 +724,21 @@ def chunked_run(
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V + K, **f32),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V, **f32),
     )
-    return ChunkedRun(plan, segments, segment_chunks, scratch, prec.input_precision, output_dot)
+    return ChunkedRun(plan, segments, segment_chunks, scratch, prec.input_precision, dot)
 
 
-def output_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision:
-    """The output launch's dot operands, fixed by the input dtype (and the GPU), never by the batch.
+def chunk_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision:
+    """The operands of the chunk's dots but the inverse's, fixed by the input dtype (and the GPU),
+    never by the batch.
 
-    For bf16 inputs, on a GPU, bf16 (q, k, the chunk state, the masked q k^T and v_new rounded to
-    the output's own grid, as fla's chunk kernels feed their dots), accumulating in float32: on an
-    H100 the output launch took 0.69-0.70x the time of TF32 operands at 16/32 heads, and the
-    output's error against the float32 reference stayed below fla chunk's (rel_mae 0.0032 against
-    0.0037-0.0039; data/bench/h100/README.md, afb0139). fp16 inputs keep the chunk's float32
-    operands (`chunk`): the state and v_new are not bounded by fp16's range.
+    For bf16 inputs, on a GPU, bf16, accumulating in float32, as fla's chunk kernels feed theirs:
+    the prepare's k k^T (the raw rows: exact), w = T (s k) and u = T (beta v) (T and the scaled
+    rows rounded), the recurrence's w S and k^T v_new (S and the scaled v_new rounded) and the
+    output's. The inverse keeps float32 operands (`chunk`), and so does everything for fp16
+    inputs: the state and v_new are not bounded by fp16's range.
+    On an H100, bf16 operands in the output launch took 0.69-0.70x the time of TF32 ones at 16/32
+    heads (afb0139); in the state launch, with w stored in bf16, 0.51-0.64x at 16k and 64k tokens
+    (both head shapes; `.gpu` scratch probe of fe57a0e, data/bench/h100/README.md).
     Under the interpreter every dot is float32, as `dot_precision` says.
     """
     if dtype != torch.bfloat16:
@@ -755,7 +794,8 @@ def run_prepare_kernel(
         norms=s.norms, ws=s.ws, us=s.us, gs=s.gs, N=slots.numel(),
         HK=HK, HV=HV, K=K, V=V, BT=bt, KP=column_piece(K), VP=column_piece(V),
         QK_ROW=q.stride(0), V_ROW=v.stride(0), G_ROW=a.stride(0), G_KH=a.stride(1), L2NORM=use_qk_l2norm,
-        EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, **_launch_options(warps, num_stages),
+        EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, DOT_DTYPE=run.dot.dtype,
+        DOT_PREC=run.dot.input_precision, **_launch_options(warps, num_stages),
     )  # fmt: skip
 
 
@@ -806,7 +846,7 @@ def run_state_kernel(
         seg_cu=None if segs is None else segs.chunk_cu, seg_seq=None if segs is None else segs.chunk_seq,
         k=k, norms=s.norms, ws=s.ws, us=s.us, vs=s.vs, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
         N=n, HK=k.shape[1], HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=k.stride(0),
-        SEG=run.segment_chunks, PREC=run.prec,
+        SEG=run.segment_chunks, DOT_DTYPE=run.dot.dtype, DOT_PREC=run.dot.input_precision,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
     nv, nv_maps = V // bv, (V + K) // bv  # the V tiles of S, and of a map's [S | X]
@@ -844,7 +884,7 @@ def run_output_kernel(
         q=q, k=k, norms=s.norms, scale=scale, vs=s.vs, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
         HK=HK, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=q.stride(0), **grid_args("IO", out.dtype),
-        DOT_DTYPE=run.output_dot.dtype, PREC=run.output_dot.input_precision,
+        DOT_DTYPE=run.dot.dtype, PREC=run.dot.input_precision,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
 

@@ -149,30 +149,33 @@ def test_launches_read_column_views_as_their_copies(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_output_dots_take_bf16_operands_only_for_bf16_inputs_on_a_gpu(device, dtype):
+def test_chunk_dots_take_bf16_operands_only_for_bf16_inputs_on_a_gpu(device, dtype):
     """bf16 inputs on a GPU: bf16 operands at Triton's default precision; fp16 and float32 inputs,
-    and every input under the interpreter: the float32 operands of the chunk's other dots."""
+    and every input under the interpreter: the float32 operands of the inverse's dots."""
     cu = torch.tensor([0, 70], dtype=torch.int32, device=device)
     run = chunked_run(cu, torch.empty(70, 2, 16, dtype=dtype, device=device), 1, 16, 64)
     if dtype == torch.bfloat16 and not interpreting():
-        assert (run.output_dot.dtype, run.output_dot.input_precision) == (tl.bfloat16, None)
+        assert (run.dot.dtype, run.dot.input_precision) == (tl.bfloat16, None)
     else:
-        assert (run.output_dot.dtype, run.output_dot.input_precision) == (tl.float32, run.prec)
+        assert (run.dot.dtype, run.dot.input_precision) == (tl.float32, run.prec)
 
 
 def _with_operand_scratch(run, dtype: torch.dtype):
-    """run on bf16 output dots with v_new and the chunk states kept in dtype (float32: v_new over u)."""
+    """run on bf16 dots with w, v_new and the chunk states kept in dtype (float32: v_new over u)."""
     s = run.scratch
     vs = s.us if dtype == torch.float32 else torch.empty_like(s.us, dtype=dtype)
-    scratch = dataclasses.replace(s, vs=vs, hs=torch.empty_like(s.hs, dtype=dtype))
-    return dataclasses.replace(run, output_dot=DotPrecision(tl.bfloat16, None), scratch=scratch)
+    scratch = dataclasses.replace(
+        s, ws=torch.empty_like(s.ws, dtype=dtype), vs=vs, hs=torch.empty_like(s.hs, dtype=dtype)
+    )
+    return dataclasses.replace(run, dot=DotPrecision(tl.bfloat16, None), scratch=scratch)
 
 
-def test_scratch_on_the_output_operand_grid_gives_the_float32_scratch_bits(device):
-    """The state launch rounds v_new and the chunk states to the output dots' bf16 operands as the
-    output launch would: the output and the pool states equal theirs over float32 scratch, bit for
-    bit, over sequences of one chunk, several, and a partial last one. The default run keeps
-    that scratch in bf16 exactly where its output dots are bf16 (bf16 inputs on a GPU)."""
+def test_scratch_on_the_operand_grid_gives_the_float32_scratch_bits(device):
+    """The prepare rounds w, and the state launch v_new and the chunk states, to the bf16 operands
+    of the dots that read them, as those dots would: the output and the pool states equal theirs
+    over float32 scratch, bit for bit, over sequences of one chunk, several, and a partial last
+    one. The default run keeps that scratch in bf16 exactly where its dots are bf16 (bf16 inputs
+    on a GPU), and u in float32."""
     hk, hv, d, lengths = 1, 2, 32, [70, 5, 130]
     T = sum(lengths)
     g = torch.Generator().manual_seed(1)
@@ -187,8 +190,9 @@ def test_scratch_on_the_output_operand_grid_gives_the_float32_scratch_bits(devic
     for dtype in (torch.bfloat16, torch.float32):
         out, state = torch.empty(T, hv, d, dtype=torch.bfloat16, device=device), pool.clone()
         default = chunked_run(cu, out, hk, d, 64)
-        operand = torch.float32 if default.output_dot.dtype == tl.float32 else torch.bfloat16
-        assert default.scratch.vs.dtype == default.scratch.hs.dtype == operand
+        operand = torch.float32 if default.dot.dtype == tl.float32 else torch.bfloat16
+        assert default.scratch.ws.dtype == default.scratch.vs.dtype == default.scratch.hs.dtype == operand
+        assert default.scratch.us.dtype == torch.float32
         assert (default.scratch.vs is default.scratch.us) == (operand == torch.float32)
         run = _with_operand_scratch(default, dtype)
         run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu, slots, True)
