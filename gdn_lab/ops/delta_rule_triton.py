@@ -36,11 +36,11 @@ the sequence's own length. The batch moves where a chunk's scratch lives, not wh
 controls (`*_by_batch`) change exactly one thing, the chunk size, following AITER's rule
 (benchmarks/bench_gdn_prefill.py adds one that sizes the segments by the batch).
 
-Numerics: everything is float32 but the dots' operands: the inverse's are float32 ("ieee" for
+Numerics: everything is float32 but the dots' operands: the prepare's are float32 ("ieee" for
 float32 inputs, TF32 for bf16/fp16 inputs on GPUs that have it: `dot_precision(...,
-float32_operands=True)`); every other dot takes the same for float32 and fp16 inputs, and bf16
-operands for bf16 inputs on a GPU (`chunk_dot_precision`; w, v_new and the chunk states are
-stored on that grid), accumulating in float32. Values that must land on a narrower grid
+float32_operands=True)`); the recurrence's and the output's take the same for float32 and fp16
+inputs, and bf16 operands for bf16 inputs on a GPU (`chunk_dot_precision`; w, v_new and the
+chunk states are stored on that grid), accumulating in float32. Values that must land on a narrower grid
 (outputs; in the fused layer the conv output and fp8) are rounded explicitly to nearest-even in
 float32 first (`round_rne`), so the final cast is exact on every backend: Triton 3.9's
 interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8 (e.g. 31.86 -> 16 instead
@@ -136,24 +136,18 @@ def chunk_inverse(kk, b_beta, b_G, BT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def store_w(
-    b_T, b_k, b_scale, ws, rows, m_t, i_h, o_k,
-    HV: tl.constexpr, K: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
-):  # fmt: skip
+def store_w(b_T, b_k, b_scale, ws, rows, m_t, i_h, o_k, HV: tl.constexpr, K: tl.constexpr, PREC: tl.constexpr):
     """Stores w = T (b_scale k) at the key columns o_k (b_k: k's values there; b_scale [BT]: beta exp(G),
-    times each row's L2 norm factor when b_k is not normalized), on DOT_DTYPE operands at PREC, into
-    ws's dtype (the state launch's dot operand)."""
-    b_w = tl.dot(b_T.to(DOT_DTYPE), (b_k * b_scale[:, None]).to(DOT_DTYPE), input_precision=PREC)
+    times each row's L2 norm factor when b_k is not normalized), in ws's dtype (the state launch's
+    dot operand)."""
+    b_w = tl.dot(b_T, b_k * b_scale[:, None], input_precision=PREC)
     tl.store(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], b_w.to(ws.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit
-def store_u(
-    b_T, b_v, b_beta, us, rows, m_t, i_h, o_v,
-    HV: tl.constexpr, V: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
-):  # fmt: skip
-    """Stores u = T (beta v) at the value columns o_v (b_v: v's values there), on DOT_DTYPE operands at PREC."""
-    b_u = tl.dot(b_T.to(DOT_DTYPE), (b_v * b_beta[:, None]).to(DOT_DTYPE), input_precision=PREC)
+def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, o_v, HV: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr):
+    """Stores u = T (beta v) at the value columns o_v (b_v: v's values there)."""
+    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PREC)
     tl.store(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_u, mask=m_t[:, None])
 
 
@@ -259,12 +253,8 @@ def _prepare_kernel(
     EPS: tl.constexpr,
     SOFTPLUS_T: tl.constexpr,
     PREC: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    DOT_PREC: tl.constexpr,
 ):
     """One program per (chunk, value head); k and v in pieces of KP and VP columns (`column_piece`).
-    k k^T, w and u take DOT_DTYPE operands at DOT_PREC, the inverse's dots float32 ones at PREC
-    (`ChunkedRun`).
 
     q and k are rows of QK_ROW elements ([HK, K] at their start), v of V_ROW ([HV, V]); a and b
     hold value head h of key head h // R at row * G_ROW + (h // R) * G_KH + h % R.
@@ -297,8 +287,7 @@ def _prepare_kernel(
     for c in tl.static_range(K // KP):
         b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
         sq += tl.sum(b_kc * b_kc, 1)
-        b_ko = b_kc.to(DOT_DTYPE)  # the raw rows: exact in their own 16-bit dtype
-        kk += tl.dot(b_ko, tl.trans(b_ko), input_precision=DOT_PREC)
+        kk += tl.dot(b_kc, tl.trans(b_kc), input_precision=PREC)
     r_k = tl.full([BT], 1.0, tl.float32)
     if L2NORM:
         r_k = tl.math.rsqrt(sq + EPS)
@@ -306,10 +295,10 @@ def _prepare_kernel(
     s_w = r_k * b_beta * tl.exp(b_G)
     for c in tl.static_range(K // KP):
         b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
-        store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, DOT_DTYPE, DOT_PREC)
+        store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, PREC)
     for c in tl.static_range(V // VP):
         b_vc = _load_rows(v, rows, i_h * V + c * VP + o_vp, m_t, V_ROW)
-        store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, DOT_DTYPE, DOT_PREC)
+        store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, PREC)
     if i_h % R == 0:  # one value head per key head writes the factors of its q and k
         r_q = tl.full([BT], 1.0, tl.float32)
         if L2NORM:
@@ -673,10 +662,9 @@ class ChunkedRun:
             too few tokens for any sequence to be cut (every sequence one segment).
         segment_chunks: chunks per segment.
         scratch: the intermediates.
-        prec: the tl.dot input_precision of the inverse's float32 dots in the prepare, and of
-            the segment entering states ("ieee" or "tf32").
-        dot: the operands of every other dot: the prepare's k k^T, w and u, the state
-            recurrence's and the output's (`chunk_dot_precision`).
+        prec: the tl.dot input_precision of the prepare's float32 dots and of the segment
+            entering states ("ieee" or "tf32").
+        dot: the operands of the state recurrence's and the output's dots (`chunk_dot_precision`).
     """
 
     plan: ChunkPlan
@@ -728,17 +716,17 @@ def chunked_run(
 
 
 def chunk_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision:
-    """The operands of the chunk's dots but the inverse's, fixed by the input dtype (and the GPU),
-    never by the batch.
+    """The operands of the state recurrence's and the output's dots, fixed by the input dtype (and
+    the GPU), never by the batch.
 
     For bf16 inputs, on a GPU, bf16, accumulating in float32, as fla's chunk kernels feed theirs:
-    the prepare's k k^T (the raw rows: exact), w = T (s k) and u = T (beta v) (T and the scaled
-    rows rounded), the recurrence's w S and k^T v_new (S and the scaled v_new rounded) and the
-    output's. The inverse keeps float32 operands (`chunk`), and so does everything for fp16
-    inputs: the state and v_new are not bounded by fp16's range.
+    the recurrence's w S and k^T v_new (w stored in bf16; S and the scaled v_new rounded) and the
+    output's. fp16 inputs keep the chunk's float32 operands (`chunk`): the state and v_new are not
+    bounded by fp16's range; so does the prepare for every dtype (on bf16 operands its dots gave
+    garbage at head dims 16 and 32 with Triton 3.6 on an H100; data/bench/h100/README.md).
     On an H100, bf16 operands in the output launch took 0.69-0.70x the time of TF32 ones at 16/32
     heads (afb0139); in the state launch, with w stored in bf16, 0.51-0.64x at 16k and 64k tokens
-    (both head shapes; `.gpu` scratch probe of fe57a0e, data/bench/h100/README.md).
+    (both head shapes; a scratch probe of fe57a0e, data/bench/h100/README.md).
     Under the interpreter every dot is float32, as `dot_precision` says.
     """
     if dtype != torch.bfloat16:
@@ -794,8 +782,7 @@ def run_prepare_kernel(
         norms=s.norms, ws=s.ws, us=s.us, gs=s.gs, N=slots.numel(),
         HK=HK, HV=HV, K=K, V=V, BT=bt, KP=column_piece(K), VP=column_piece(V),
         QK_ROW=q.stride(0), V_ROW=v.stride(0), G_ROW=a.stride(0), G_KH=a.stride(1), L2NORM=use_qk_l2norm,
-        EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, DOT_DTYPE=run.dot.dtype,
-        DOT_PREC=run.dot.input_precision, **_launch_options(warps, num_stages),
+        EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, **_launch_options(warps, num_stages),
     )  # fmt: skip
 
 

@@ -151,7 +151,7 @@ def test_launches_read_column_views_as_their_copies(device):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_chunk_dots_take_bf16_operands_only_for_bf16_inputs_on_a_gpu(device, dtype):
     """bf16 inputs on a GPU: bf16 operands at Triton's default precision; fp16 and float32 inputs,
-    and every input under the interpreter: the float32 operands of the inverse's dots."""
+    and every input under the interpreter: the float32 operands of the prepare's dots."""
     cu = torch.tensor([0, 70], dtype=torch.int32, device=device)
     run = chunked_run(cu, torch.empty(70, 2, 16, dtype=dtype, device=device), 1, 16, 64)
     if dtype == torch.bfloat16 and not interpreting():
@@ -171,8 +171,8 @@ def _with_operand_scratch(run, dtype: torch.dtype):
 
 
 def test_scratch_on_the_operand_grid_gives_the_float32_scratch_bits(device):
-    """The prepare rounds w, and the state launch v_new and the chunk states, to the bf16 operands
-    of the dots that read them, as those dots would: the output and the pool states equal theirs
+    """The prepare stores w, and the state launch v_new and the chunk states, rounded to the bf16
+    operands of the dots that read them, as those dots would round them: the output and the pool states equal theirs
     over float32 scratch, bit for bit, over sequences of one chunk, several, and a partial last
     one. The default run keeps that scratch in bf16 exactly where its dots are bf16 (bf16 inputs
     on a GPU), and u in float32."""
