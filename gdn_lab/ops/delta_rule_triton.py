@@ -40,11 +40,11 @@ Numerics: everything is float32 but the dots' operands: the prepare's are float3
 float32 inputs, TF32 for bf16/fp16 inputs on GPUs that have it: `dot_precision(...,
 float32_operands=True)`); the recurrence's and the output's take the same for float32 and fp16
 inputs, and bf16 operands for bf16 inputs on a GPU (`chunk_dot_precision`; w, v_new and the
-chunk states are stored on that grid), accumulating in float32. Values that must land on a narrower grid
-(outputs; in the fused layer the conv output and fp8) are rounded explicitly to nearest-even in
-float32 first (`round_rne`), so the final cast is exact on every backend: Triton 3.9's
-interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8 (e.g. 31.86 -> 16 instead
-of 32).
+chunk states are stored on that grid), accumulating in float32. Values that must land on a
+narrower grid (outputs; in the fused layer the conv output and fp8) are rounded explicitly to
+nearest-even in float32 first (`round_rne`), so the final cast is exact on every backend: Triton
+3.9's interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8 (e.g. 31.86 -> 16
+instead of 32).
 """
 
 from __future__ import annotations

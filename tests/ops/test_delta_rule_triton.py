@@ -172,10 +172,10 @@ def _with_operand_scratch(run, dtype: torch.dtype):
 
 def test_scratch_on_the_operand_grid_gives_the_float32_scratch_bits(device):
     """The prepare stores w, and the state launch v_new and the chunk states, rounded to the bf16
-    operands of the dots that read them, as those dots would round them: the output and the pool states equal theirs
-    over float32 scratch, bit for bit, over sequences of one chunk, several, and a partial last
-    one. The default run keeps that scratch in bf16 exactly where its dots are bf16 (bf16 inputs
-    on a GPU), and u in float32."""
+    operands of the dots that read them, as those dots would round them: the output and the pool
+    states equal theirs over float32 scratch, bit for bit, over sequences of one chunk, several,
+    and a partial last one. The default run keeps that scratch in bf16 exactly where its dots are
+    bf16 (bf16 inputs on a GPU), and u in float32."""
     hk, hv, d, lengths = 1, 2, 32, [70, 5, 130]
     T = sum(lengths)
     g = torch.Generator().manual_seed(1)
