@@ -207,13 +207,20 @@ def _load_rows(x, rows, cols, m_t, ROW: tl.constexpr):
 
 
 @triton.jit
+def norm_factors(norms, rows, m_t, i_kh, WHICH: tl.constexpr, HK: tl.constexpr):
+    """The L2 norm factors [BT] of key head i_kh's rows of q (WHICH 0) or k (1), as the prepare
+    kernel stored them in norms ([T, HK, 2]). Rows outside m_t read 0 (never written there: 0
+    times whatever the memory holds could be NaN)."""
+    return tl.load(norms + rows * (HK * 2) + i_kh * 2 + WHICH, mask=m_t, other=0.0)
+
+
+@triton.jit
 def normalized_rows(
     x, norms, rows, m_t, i_kh, WHICH: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, ROW: tl.constexpr
 ):
-    """Key head i_kh's rows of q (WHICH 0) or k (1), float32 [BT, K], times the factors the prepare
-    kernel stored in norms ([T, HK, 2]). Rows outside m_t read 0, their factors too (never written
-    there: 0 times whatever the memory holds could be NaN)."""
-    r = tl.load(norms + rows * (HK * 2) + i_kh * 2 + WHICH, mask=m_t, other=0.0)
+    """Key head i_kh's rows of q (WHICH 0) or k (1), float32 [BT, K], times their `norm_factors`.
+    Rows outside m_t read 0."""
+    r = norm_factors(norms, rows, m_t, i_kh, WHICH, HK)
     return _load_rows(x, rows, i_kh * K + tl.arange(0, K), m_t, ROW) * r[:, None]
 
 
@@ -418,7 +425,7 @@ def _state_kernel(
             # k's raw rows are exact 16-bit operands; its norm factor and the decay scale v_new's
             # rows instead, so one rounding, of a [BT, BV] tile, feeds the dot (on float32
             # operands this form made the launch 1.12-1.38x slower on an H100: not used there)
-            r_k = tl.load(norms + rows * (HK * 2) + (i_h // R) * 2 + 1, mask=m_t, other=0.0)
+            r_k = norm_factors(norms, rows, m_t, i_h // R, 1, HK)
             b_vd = (b_vn * (r_k * tl.exp(g_last - b_G))[:, None]).to(DOT_DTYPE)
             b_k = _raw_rows(k, rows, (i_h // R) * K + o_k, m_t, QK_ROW).to(DOT_DTYPE)
             b_kv = tl.dot(tl.trans(b_k), b_vd, input_precision=DOT_PREC)

@@ -2,7 +2,7 @@
 test device (its GPU, or the CPU interpreter): `round_rne` against torch's own casts, bit for bit; `_unit_lower_inverse` against a
 float64 inverse; `plan_chunks` against torch's cumsum and searchsorted; the three launches on
 column views of wider rows (the layer's conv output, its interleaved gates) against the same
-tensors copied out contiguous, bit for bit; the output dots' operand rule per input dtype, and the
+tensors copied out contiguous, bit for bit; the chunk dots' operand rule per input dtype, and the
 scratch kept on their grid against float32 scratch, bit for bit."""
 
 import dataclasses
