@@ -36,14 +36,16 @@ the sequence's own length. The batch moves where a chunk's scratch lives, not wh
 controls (`*_by_batch`) change exactly one thing, the chunk size, following AITER's rule
 (benchmarks/bench_gdn_prefill.py adds one that sizes the segments by the batch).
 
-Numerics: everything is float32 but the dots' operands: the prepare's are float32 ("ieee" for
-float32 inputs, TF32 for bf16/fp16 inputs on GPUs that have it: `dot_precision(...,
-float32_operands=True)`); the recurrence's and the output's take the same for float32 and fp16
-inputs, and bf16 operands for bf16 inputs on a GPU (`chunk_dot_precision`; w, v_new and the
-chunk states are stored on that grid), accumulating in float32. Values that must land on a
-narrower grid (outputs; in the fused layer the conv output and fp8) are rounded explicitly to
-nearest-even in float32 first (`round_rne`), so the final cast is exact on every backend: Triton
-3.9's interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8 (e.g. 31.86 -> 16
+Numerics: everything is float32 but the dots' operands and what only they read. For float32 and
+fp16 inputs every dot takes float32 operands ("ieee" for float32 inputs, TF32 for fp16 on GPUs
+that have it: `dot_precision(..., float32_operands=True)`). For bf16 inputs on a GPU the
+recurrence's and the output's dots take bf16 operands (`chunk_dot_precision`; w, v_new and the
+chunk states are stored on that grid), and so do the prepare's k k^T, w and u at head dims of 64
+and more (`prepare_dot_precision`; u stored in bf16); the prepare's inverse and the segments'
+entering states stay on float32 operands. Every dot accumulates in float32. Values that must land
+on a narrower grid (outputs; in the fused layer the conv output and fp8) are rounded explicitly
+to nearest-even in float32 first (`round_rne`), so the final cast is exact on every backend:
+Triton 3.9's interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8 (e.g. 31.86 -> 16
 instead of 32).
 """
 
@@ -136,19 +138,26 @@ def chunk_inverse(kk, b_beta, b_G, BT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def store_w(b_T, b_k, b_scale, ws, rows, m_t, i_h, o_k, HV: tl.constexpr, K: tl.constexpr, PREC: tl.constexpr):
+def store_w(
+    b_T, b_k, b_scale, ws, rows, m_t, i_h, o_k,
+    HV: tl.constexpr, K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
     """Stores w = T (b_scale k) at the key columns o_k (b_k: k's values there; b_scale [BT]: beta exp(G),
     times each row's L2 norm factor when b_k is not normalized), in ws's dtype (the state launch's
-    dot operand)."""
-    b_w = tl.dot(b_T, b_k * b_scale[:, None], input_precision=PREC)
+    dot operand). The dot takes DOT_DTYPE operands at DOT_PREC (`ChunkedRun.prep`)."""
+    b_w = tl.dot(b_T.to(DOT_DTYPE), (b_k * b_scale[:, None]).to(DOT_DTYPE), input_precision=DOT_PREC)
     tl.store(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], b_w.to(ws.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit
-def store_u(b_T, b_v, b_beta, us, rows, m_t, i_h, o_v, HV: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr):
-    """Stores u = T (beta v) at the value columns o_v (b_v: v's values there)."""
-    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PREC)
-    tl.store(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_u, mask=m_t[:, None])
+def store_u(
+    b_T, b_v, b_beta, us, rows, m_t, i_h, o_v,
+    HV: tl.constexpr, V: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Stores u = T (beta v) at the value columns o_v (b_v: v's values there), in us's dtype; the
+    dot as `store_w`'s."""
+    b_u = tl.dot(b_T.to(DOT_DTYPE), (b_v * b_beta[:, None]).to(DOT_DTYPE), input_precision=DOT_PREC)
+    tl.store(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_u.to(us.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit
@@ -260,8 +269,12 @@ def _prepare_kernel(
     EPS: tl.constexpr,
     SOFTPLUS_T: tl.constexpr,
     PREC: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     """One program per (chunk, value head); k and v in pieces of KP and VP columns (`column_piece`).
+    k k^T, w and u are dots on DOT_DTYPE operands at DOT_PREC (`ChunkedRun.prep`), the inverse's
+    on float32 operands at PREC.
 
     q and k are rows of QK_ROW elements ([HK, K] at their start), v of V_ROW ([HV, V]); a and b
     hold value head h of key head h // R at row * G_ROW + (h // R) * G_KH + h % R.
@@ -292,9 +305,11 @@ def _prepare_kernel(
     sq = tl.zeros([BT], dtype=tl.float32)
     kk = tl.zeros([BT, BT], dtype=tl.float32)
     for c in tl.static_range(K // KP):
-        b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
-        sq += tl.sum(b_kc * b_kc, 1)
-        kk += tl.dot(b_kc, tl.trans(b_kc), input_precision=PREC)
+        b_kc = _raw_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
+        b_kf = b_kc.to(tl.float32)
+        sq += tl.sum(b_kf * b_kf, 1)
+        b_kd = b_kc.to(DOT_DTYPE)
+        kk += tl.dot(b_kd, tl.trans(b_kd), input_precision=DOT_PREC)
     r_k = tl.full([BT], 1.0, tl.float32)
     if L2NORM:
         r_k = tl.math.rsqrt(sq + EPS)
@@ -302,10 +317,10 @@ def _prepare_kernel(
     s_w = r_k * b_beta * tl.exp(b_G)
     for c in tl.static_range(K // KP):
         b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
-        store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, PREC)
+        store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, DOT_DTYPE, DOT_PREC)
     for c in tl.static_range(V // VP):
         b_vc = _load_rows(v, rows, i_h * V + c * VP + o_vp, m_t, V_ROW)
-        store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, PREC)
+        store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, DOT_DTYPE, DOT_PREC)
     if i_h % R == 0:  # one value head per key head writes the factors of its q and k
         r_q = tl.full([BT], 1.0, tl.float32)
         if L2NORM:
@@ -634,8 +649,9 @@ class Scratch:
             normalize the input rows themselves, which reads half the bytes of normalized float32
             copies and writes none.
         ws: [T, HV, K] w, in the operand dtype (the state launch's dots alone read it); us: [T,
-            HV, V] u, float32 (the state launch subtracts w S from it); gs: [T, HV] cumulative
-            log decay.
+            HV, V] u, float32 (the state launch subtracts w S from it), or bf16 where the
+            prepare's dots take bf16 operands (`ChunkedRun.prep`: a rounding of its own, as fla's
+            u); gs: [T, HV] cumulative log decay.
         vs: [T, HV, V] v_new, from the state launch for the output's dots: us itself (v_new over
             u) on float32 operands, its own tensor on 16-bit ones.
         hs: [max_chunks, HV, K, V] the state entering each chunk, for the output's dots. On bf16
@@ -670,9 +686,10 @@ class ChunkedRun:
             too few tokens for any sequence to be cut (every sequence one segment).
         segment_chunks: chunks per segment.
         scratch: the intermediates.
-        prec: the tl.dot input_precision of the prepare's float32 dots and of the segment
-            entering states ("ieee" or "tf32").
+        prec: the tl.dot input_precision of the float32 dots: the prepare's inverse and the
+            segment entering states ("ieee" or "tf32").
         dot: the operands of the state recurrence's and the output's dots (`chunk_dot_precision`).
+        prep: the operands of the prepare's k k^T, w and u dots (`prepare_dot_precision`).
     """
 
     plan: ChunkPlan
@@ -681,6 +698,7 @@ class ChunkedRun:
     scratch: Scratch
     prec: str
     dot: DotPrecision
+    prep: DotPrecision
 
 
 def chunked_run(
@@ -706,10 +724,11 @@ def chunked_run(
         (plan,), segments = plan_chunks(cu_seqlens, T, (chunk_size, 0)), None
     prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device)
     dot = chunk_dot_precision(prec, out.dtype)
+    prep = prepare_dot_precision(prec, out.dtype, K, V)
     f32 = {"dtype": torch.float32, "device": device}
     narrow = dot.dtype != tl.float32  # the dots take the input dtype's operands
     operand = {"dtype": out.dtype, "device": device} if narrow else f32
-    us = torch.empty(T, HV, V, **f32)
+    us = torch.empty(T, HV, V, **(operand if prep.dtype != tl.float32 else f32))
     scratch = Scratch(
         torch.empty(T, HK, 2, **f32),
         torch.empty(T, HV, K, **operand),
@@ -720,7 +739,7 @@ def chunked_run(
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V + K, **f32),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V, **f32),
     )
-    return ChunkedRun(plan, segments, segment_chunks, scratch, prec.input_precision, dot)
+    return ChunkedRun(plan, segments, segment_chunks, scratch, prec.input_precision, dot, prep)
 
 
 def chunk_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision:
@@ -730,8 +749,7 @@ def chunk_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision
     For bf16 inputs, on a GPU, bf16, accumulating in float32, as fla's chunk kernels feed theirs:
     the recurrence's w S and k^T v_new (w stored in bf16; S and the scaled v_new rounded) and the
     output's. fp16 inputs keep the chunk's float32 operands (`chunk`): the state and v_new are not
-    bounded by fp16's range; so does the prepare for every dtype (on bf16 operands its dots gave
-    garbage at head dims 16 and 32 with Triton 3.6 on an H100; data/bench/h100/README.md).
+    bounded by fp16's range. The prepare's dots follow `prepare_dot_precision`.
     On an H100, bf16 operands in the output launch took 0.69-0.70x the time of TF32 ones at 16/32
     heads (afb0139); in the state launch, with w stored in bf16, 0.51-0.64x at 16k and 64k tokens
     (both head shapes; a scratch probe of fe57a0e, data/bench/h100/README.md).
@@ -740,6 +758,24 @@ def chunk_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision
     if dtype != torch.bfloat16:
         return chunk
     return dot_precision(dtype, dtype)
+
+
+def prepare_dot_precision(chunk: DotPrecision, dtype: torch.dtype, k_dim: int, v_dim: int) -> DotPrecision:
+    """The operands of the prepare's k k^T, w and u dots, fixed by the input dtype, the head dims
+    (and the GPU), never by the batch.
+
+    `chunk_dot_precision`'s (bf16 for bf16 inputs on a GPU, as fla's chunk kernels feed theirs; u
+    is then stored in bf16, as fla stores it) where both head dims are cut into `column_piece`s of
+    32 or more columns; otherwise the chunk's float32 operands: on pieces of 16 (head dims 16 and
+    32) the bf16 dots gave values of 1e33 to inf, different on each run, with Triton 3.6 on an
+    H100 (b67bb93; data/bench/h100/README.md). The inverse stays on float32 operands whatever the
+    dtype. On an H100 at head dim 128 (a scratch variant of fe57a0e) the bf16 prepare took
+    0.68-0.76x the time of the TF32 one, with fla chunk's output error (rel_mae 0.00382 against its
+    0.00388 at 16/32 heads and 4096 tokens; TF32: 0.00329).
+    """
+    if min(column_piece(k_dim), column_piece(v_dim)) < 32:
+        return chunk
+    return chunk_dot_precision(chunk, dtype)
 
 
 def num_warps_for(*tile_elems: int, at: int = 8192) -> int:
@@ -790,7 +826,8 @@ def run_prepare_kernel(
         norms=s.norms, ws=s.ws, us=s.us, gs=s.gs, N=slots.numel(),
         HK=HK, HV=HV, K=K, V=V, BT=bt, KP=column_piece(K), VP=column_piece(V),
         QK_ROW=q.stride(0), V_ROW=v.stride(0), G_ROW=a.stride(0), G_KH=a.stride(1), L2NORM=use_qk_l2norm,
-        EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec, **_launch_options(warps, num_stages),
+        EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec,
+        DOT_DTYPE=run.prep.dtype, DOT_PREC=run.prep.input_precision, **_launch_options(warps, num_stages),
     )  # fmt: skip
 
 

@@ -148,16 +148,19 @@ def test_launches_read_column_views_as_their_copies(device):
         run_prepare_kernel(run, spread, k, v, a, b, A_log, dt_bias, cu, slots, True)
 
 
+@pytest.mark.parametrize("d", [16, 32, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_chunk_dots_take_bf16_operands_only_for_bf16_inputs_on_a_gpu(device, dtype):
-    """bf16 inputs on a GPU: bf16 operands at Triton's default precision; fp16 and float32 inputs,
-    and every input under the interpreter: the float32 operands of the prepare's dots."""
+def test_chunk_dots_take_bf16_operands_only_for_bf16_inputs_on_a_gpu(device, dtype, d):
+    """bf16 inputs on a GPU: bf16 operands at Triton's default precision in the recurrence and the
+    output, and in the prepare from head dim 64 on (u then stored in bf16); fp16 and float32
+    inputs, and every input under the interpreter: the float32 operands of the prepare's inverse."""
     cu = torch.tensor([0, 70], dtype=torch.int32, device=device)
-    run = chunked_run(cu, torch.empty(70, 2, 16, dtype=dtype, device=device), 1, 16, 64)
-    if dtype == torch.bfloat16 and not interpreting():
-        assert (run.dot.dtype, run.dot.input_precision) == (tl.bfloat16, None)
-    else:
-        assert (run.dot.dtype, run.dot.input_precision) == (tl.float32, run.prec)
+    run = chunked_run(cu, torch.empty(70, 2, d, dtype=dtype, device=device), 1, d, 64)
+    narrow = dtype == torch.bfloat16 and not interpreting()
+    f32, bf16 = (tl.float32, run.prec), (tl.bfloat16, None)
+    assert (run.dot.dtype, run.dot.input_precision) == (bf16 if narrow else f32)
+    assert (run.prep.dtype, run.prep.input_precision) == (bf16 if narrow and d >= 64 else f32)
+    assert run.scratch.us.dtype == (torch.bfloat16 if narrow and d >= 64 else torch.float32)
 
 
 def _with_operand_scratch(run, dtype: torch.dtype):

@@ -440,14 +440,15 @@ def gdn_layer_prefill_fused(
     b, a = ba[..., : HV // HK], ba[..., HV // HK :]
     run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, cache_indices, True)
     run_state_kernel(run, k, delta_state, cache_indices, cu_seqlens)
-    # the delta rule's output in float32, over u (where v_new is kept there, on float32 operands,
-    # each output program reads only the rows and values it overwrites)
-    run_output_kernel(run, q, k, D**-0.5, s.us, cu_seqlens, cache_indices)
+    # the delta rule's output in float32, over u where u is float32 (where v_new is kept there, on
+    # float32 operands, each output program reads only the rows and values it overwrites)
+    o32 = s.us if s.us.dtype == torch.float32 else torch.empty(T, HV, D, dtype=torch.float32, device=device)
+    run_output_kernel(run, q, k, D**-0.5, o32, cu_seqlens, cache_indices)
     # the norm launch at 4 warps (its tiles are [BT, V]; 8 was not compared on the H200)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
     f8 = grid_of(fp8_dtype if quantize_fp8 else torch.float8_e4m3fn)
     _layer_norm_kernel[(run.plan.max_chunks, HV // heads_per_group)](
-        o32=s.us, out=normalized,
+        o32=o32, out=normalized,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=cache_indices,
         qkvz=qkvz, norm_weight=norm_weight, conv_state=conv_state, has_initial_state=has_initial_state,
         quantized=quantized, scales=scales, eps=eps, N=N,

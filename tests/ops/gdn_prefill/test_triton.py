@@ -82,9 +82,12 @@ def test_fp32_matches_the_references(hk, hv, d, lengths, slots, l2norm, device):
     assert state[unowned].isnan().all()  # slots nobody owns stay untouched
 
 
-def test_bf16_close_to_the_reference(device):
-    """bf16 inputs and output, fp32 state: relMAE <= 1e-2 (on a GPU: TF32 dots, the output's at bf16 operands), exact-rounded output dtype."""
-    args = batch_args([7, 8], [5, 70], [1, 0], device, dtype=torch.bfloat16)
+@pytest.mark.parametrize("hk,hv,d", [(2, 4, 32), (1, 2, 64)], ids=["d32", "d64"])
+def test_bf16_close_to_the_reference(hk, hv, d, device):
+    """bf16 inputs and output, fp32 state: relMAE <= 1e-2, exact-rounded output dtype. On a GPU the
+    recurrence's and output's dots take bf16 operands, the prepare's TF32 ones at d 32 and bf16 ones
+    at d 64 (`prepare_dot_precision`)."""
+    args = batch_args([7, 8], [5, 70], [1, 0], device, hk=hk, hv=hv, d=d, dtype=torch.bfloat16)
     out, state = run("triton", args)
     ref_out, ref_state = run("torch", args)
     assert out.dtype == torch.bfloat16
@@ -92,8 +95,8 @@ def test_bf16_close_to_the_reference(device):
     assert rel_mae(state[:2], ref_state[:2]) <= 1e-2
 
 
-def target_rows_and_state(backend, seeds, lengths, slots, position, device):
-    args = batch_args(seeds, lengths, slots, device, hk=1, hv=2, d=16, dtype=torch.bfloat16)
+def target_rows_and_state(backend, seeds, lengths, slots, position, device, d=16):
+    args = batch_args(seeds, lengths, slots, device, hk=1, hv=2, d=d, dtype=torch.bfloat16)
     out, state = run(backend, args)
     cu = args["cu_seqlens"].tolist()
     return out[cu[position] : cu[position + 1]], state[slots[position]]
@@ -106,11 +109,13 @@ BATCHES = [  # (seeds, lengths, slots, target position): the target among batchm
 ]
 
 
-def test_bitwise_alone_vs_batched(device):
-    """The target's output rows and final state are bitwise the same alone and in any batch."""
-    alone_out, alone_state = target_rows_and_state("triton", [TARGET_SEED], [TARGET_LEN], [0], 0, device)
+@pytest.mark.parametrize("d", [16, 64])
+def test_bitwise_alone_vs_batched(device, d):
+    """The target's output rows and final state are bitwise the same alone and in any batch (d 64:
+    on a GPU the prepare's dots on bf16 operands too)."""
+    alone_out, alone_state = target_rows_and_state("triton", [TARGET_SEED], [TARGET_LEN], [0], 0, device, d)
     for seeds, lengths, slots, pos in BATCHES:
-        out, state = target_rows_and_state("triton", seeds, lengths, slots, pos, device)
+        out, state = target_rows_and_state("triton", seeds, lengths, slots, pos, device, d)
         assert torch.equal(out, alone_out)
         assert torch.equal(state, alone_state)
 
