@@ -767,11 +767,14 @@ def prepare_dot_precision(chunk: DotPrecision, dtype: torch.dtype, k_dim: int, v
     `chunk_dot_precision`'s (bf16 for bf16 inputs on a GPU, as fla's chunk kernels feed theirs; u
     is then stored in bf16, as fla stores it) where both head dims are cut into `column_piece`s of
     32 or more columns; otherwise the chunk's float32 operands: on pieces of 16 (head dims 16 and
-    32) the bf16 dots gave values of 1e33 to inf, different on each run, with Triton 3.6 on an
-    H100 (b67bb93; data/bench/h100/README.md). The inverse stays on float32 operands whatever the
-    dtype. On an H100 at head dim 128 (a scratch variant of fe57a0e) the bf16 prepare took
-    0.68-0.76x the time of the TF32 one, with fla chunk's output error (rel_mae 0.00382 against its
-    0.00388 at 16/32 heads and 4096 tokens; TF32: 0.00329).
+    32; 32-byte bf16 rows) the bf16 dots gave values of 1e33 to inf, some different on each run,
+    with Triton 3.6 on an H100 (b67bb93; not isolated further: Triton has had Hopper wgmma bugs on
+    narrow 16-bit tiles, e.g. triton-lang/triton#7830). The inverse stays on float32 operands
+    whatever the dtype. On an H100 at 16/32 heads of 128 (9901008 against cb5dcc7, one machine,
+    16k and 64k tokens): the prepare 0.72-0.73x its time, the state launch 0.93-0.96x (u's bytes
+    halved), the call 0.83-0.85x; the output error fla chunk's (rel_mae 0.00382 against its 0.00388
+    at 4096 tokens, TF32 0.00329: a scratch variant of fe57a0e whose numbers 9901008 repeats at
+    head dims 64 and 128). data/bench/h100/README.md.
     """
     if min(column_piece(k_dim), column_piece(v_dim)) < 32:
         return chunk
