@@ -6,7 +6,8 @@ run, are compared bitwise with the alone run (`gdn_lab.experiments.loop.alone_vs
 requested backend runs on the same inputs, and the op's batch-variant controls
 (`routing.controls(op)`) run alongside: a run whose control shows no difference anywhere cannot
 see batch variance and is flagged `insensitive`. Closeness to the op's reference backend is a
-separate column (`ref_max_abs`, and `ref_within_tolerance` where the op's spec names a tolerance).
+separate column (`ref_max_abs`, and `ref_within_tolerance` where the op's spec names a tolerance
+for the tensor at the run's compute dtype: a float32 state of a bf16 run is held to the op's bf16 tolerance).
 
 Example:
     >>> from gdn_lab.experiments.batch_invariance import batch_invariance, summarize
@@ -159,12 +160,12 @@ class _ReferenceCloseness(Metrics):
         return spec.tensors(ran.result, ran.args, view) if ran.status == "compared" else {}
 
     def batched(self, c: Comparison) -> dict[str, Any]:
-        spec, value = op_spec.get(c.case.op), c.mine[c.tensor]
+        spec = op_spec.get(c.case.op)
         out: dict[str, Any] = {}
         if c.tensor in c.reference:
             out["ref_max_abs"] = max_abs(spec.as_values(c.mine, c.tensor), spec.as_values(c.reference, c.tensor))
-            try:
-                tol = spec.tolerance(c.tensor, value.dtype if value.dtype.is_floating_point else c.case.opts.dtype)
+            try:  # the specs key tolerances by compute dtype, whatever the tensor's own
+                tol = spec.tolerance(c.tensor, c.case.opts.dtype)
             except ValueError:
                 tol = None
             if tol is not None:

@@ -9,11 +9,11 @@ from gdn_lab.ops.spec import Tolerance
 
 # |x - torch| <= atol + rtol * |torch| against the float32 torch reference, by compute dtype: the
 # output is rounded once to the input dtype (a bf16/fp16 ulp of the largest values); the float32
-# state only differs by the order of float32 operations.
-_OUT = {"float32": (2e-5, 1e-4), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
+# state of the recurrent step only differs by the order of float32 operations.
+OUT_BOUNDS = {"float32": (2e-5, 1e-4), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
 GDN_TOLERANCES = {
-    **{("torch", "out", dt): Tolerance("allclose", atol=a, rtol=r) for dt, (a, r) in _OUT.items()},
-    **{("torch", "state", dt): Tolerance("allclose", atol=2e-5, rtol=1e-4) for dt in _OUT},
+    **{("torch", "out", dt): Tolerance("allclose", atol=a, rtol=r) for dt, (a, r) in OUT_BOUNDS.items()},
+    **{("torch", "state", dt): Tolerance("allclose", atol=2e-5, rtol=1e-4) for dt in OUT_BOUNDS},
 }
 
 

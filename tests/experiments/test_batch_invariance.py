@@ -10,6 +10,7 @@ from gdn_lab import routing
 from gdn_lab.experiments import batch_invariance as bi
 from gdn_lab.experiments.table import COLUMNS
 from gdn_lab.ops.decode_attention.reference import decode_attention_torch
+from gdn_lab.ops.gdn_prefill.reference import gdn_prefill_torch
 
 ATT = {"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 16}
 GDN = {"num_k_heads": 1, "num_v_heads": 2, "head_dim": 16}
@@ -137,6 +138,37 @@ def test_same_seed_same_table_other_seed_other_batches():
     c = bi.batch_invariance("decode_attention", seed=4, **kw)
     assert a.equals(b)
     assert not a[["position", "batch_tokens"]].equals(c[["position", "batch_tokens"]])
+
+
+def test_reference_tolerance_follows_the_compute_dtype():
+    """A float32 state is held to the bound of the run's compute dtype: gdn_prefill's state 1e-3 off
+    the reference is within the bf16 bound (1.6e-2) in a bf16 run and outside the float32 one
+    (2e-5 + 1e-4 |ref|) in a float32 run; the untouched output is within both."""
+
+    def state_off(**args):
+        out = gdn_prefill_torch(**args)
+        args["state"][args["slots"][args["slots"] >= 0].long()] += 1e-3
+        return out
+
+    routing.register(routing.Backend("gdn_prefill", "test-state-off", state_off, routing.LIBRARY_TORCH, auto=False))
+    try:
+        runs = {
+            dt: bi.batch_invariance(
+                "gdn_prefill",
+                backends=["test-state-off"],
+                targets=[5],
+                batch_sizes=[2],
+                gdn=GDN,
+                **{**SMALL, "dtype": dt},
+            )
+            for dt in ("bfloat16", "float32")
+        }
+    finally:
+        routing._REGISTRY["gdn_prefill"].pop("test-state-off")
+    for dt, df in runs.items():
+        within = df.groupby("tensor").ref_within_tolerance.apply(lambda s: set(s.astype(bool)))
+        assert within["out"] == {True}
+        assert within["state"] == {dt == "bfloat16"}
 
 
 def test_contract_columns_and_environment():

@@ -23,7 +23,7 @@ from gdn_lab.ops.batch import (
     packed_view,
     state_pool,
 )
-from gdn_lab.ops.gdn_inputs import GDN_TOLERANCES, check_cu_seqlens, check_gdn_inputs, check_slots
+from gdn_lab.ops.gdn_inputs import GDN_TOLERANCES, OUT_BOUNDS, check_cu_seqlens, check_gdn_inputs, check_slots
 from gdn_lab.ops.gdn_prefill import reference
 from gdn_lab.routing import LIBRARY_TORCH, PRIORITY_REFERENCE, Backend, dispatch, register
 
@@ -175,6 +175,19 @@ def view(batch: Batch, args: Mapping[str, Any], request: int) -> spec.View:
     return spec.View(packed_view(args["cu_seqlens"], request), int(args["slots"][request]))
 
 
+# For 16-bit inputs the chunked form's state comes out of dots whose operands a GPU rounds (in
+# delta_rule_triton bf16 for bf16 inputs, as fla's chunk kernels, and TF32 for fp16), so it is held
+# to the bf16 output's bound, not to the float32 order-of-operations one. Largest final-state errors measured
+# against the float32 reference over the prefill bench (1k-64k tokens, bf16): 0.0034 ours and
+# 0.0084 fla chunk on an H100 (cb5dcc7), 0.0018 and 0.0081 on the H200 (93ee80a); with 9901008's bf16
+# prepare ours is at fla's level (0.0052 against 0.0053 at 4096 tokens, a scratch probe on an H100).
+_ATOL, _RTOL = OUT_BOUNDS["bfloat16"]
+TOLERANCES = {
+    **GDN_TOLERANCES,
+    **{("torch", "state", dt): spec.Tolerance("allclose", atol=_ATOL, rtol=_RTOL) for dt in ("bfloat16", "float16")},
+}
+
+
 SPEC = spec.register(
     spec.OpSpec(
         name=OP,
@@ -186,7 +199,7 @@ SPEC = spec.register(
         outputs=("out",),
         states=("state",),
         view=view,
-        tolerances=GDN_TOLERANCES,
+        tolerances=TOLERANCES,
         description="the gated delta rule over token-packed sequences, from and into a VK state pool",
     )
 )
