@@ -724,7 +724,7 @@ def chunked_run(
         (plan,), segments = plan_chunks(cu_seqlens, T, (chunk_size, 0)), None
     prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device)
     dot = chunk_dot_precision(prec, out.dtype)
-    prep = prepare_dot_precision(prec, out.dtype, K, V)
+    prep = prepare_dot_precision(prec, dot, K, V)
     f32 = {"dtype": torch.float32, "device": device}
     narrow = dot.dtype != tl.float32  # the dots take the input dtype's operands
     operand = {"dtype": out.dtype, "device": device} if narrow else f32
@@ -760,25 +760,23 @@ def chunk_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision
     return dot_precision(dtype, dtype)
 
 
-def prepare_dot_precision(chunk: DotPrecision, dtype: torch.dtype, k_dim: int, v_dim: int) -> DotPrecision:
+def prepare_dot_precision(chunk: DotPrecision, dot: DotPrecision, k_dim: int, v_dim: int) -> DotPrecision:
     """The operands of the prepare's k k^T, w and u dots, fixed by the input dtype, the head dims
     (and the GPU), never by the batch.
 
-    `chunk_dot_precision`'s (bf16 for bf16 inputs on a GPU, as fla's chunk kernels feed theirs; u
-    is then stored in bf16, as fla stores it) where both head dims are cut into `column_piece`s of
-    32 or more columns; otherwise the chunk's float32 operands: on pieces of 16 (head dims 16 and
-    32; 32-byte bf16 rows) the bf16 dots gave values of 1e33 to inf, some different on each run,
-    with Triton 3.6 on an H100 (b67bb93; not isolated further: Triton has had Hopper wgmma bugs on
-    narrow 16-bit tiles, e.g. triton-lang/triton#7830). The inverse stays on float32 operands
+    `dot`, the recurrence's (`chunk_dot_precision`: bf16 for bf16 inputs on a GPU, as fla's chunk
+    kernels feed theirs; u is then stored in bf16, as fla stores it) where both head dims are cut
+    into `column_piece`s of 32 or more columns; otherwise `chunk`, the float32 operands: on pieces
+    of 16 (head dims 16 and 32; 32-byte bf16 rows) the bf16 dots gave values of 1e33 to inf, some
+    different on each run, with Triton 3.6 on an H100 (b67bb93; not isolated further: Triton has
+    had Hopper wgmma bugs on narrow 16-bit tiles, e.g. triton-lang/triton#7830). The inverse stays on float32 operands
     whatever the dtype. On an H100 at 16/32 heads of 128 (9901008 against cb5dcc7, one machine,
     16k and 64k tokens): the prepare 0.72-0.73x its time, the state launch 0.93-0.96x (u's bytes
     halved), the call 0.83-0.85x; the output error fla chunk's (rel_mae 0.00382 against its 0.00388
     at 4096 tokens, TF32 0.00329: a scratch variant of fe57a0e whose numbers 9901008 repeats at
     head dims 64 and 128). data/bench/h100/README.md.
     """
-    if min(column_piece(k_dim), column_piece(v_dim)) < 32:
-        return chunk
-    return chunk_dot_precision(chunk, dtype)
+    return dot if min(column_piece(k_dim), column_piece(v_dim)) >= 32 else chunk
 
 
 def num_warps_for(*tile_elems: int, at: int = 8192) -> int:
