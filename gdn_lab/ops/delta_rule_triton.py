@@ -20,6 +20,9 @@ that only the state recurrence walks a sequence, segment by segment:
    recurrence), and a call in which no sequence can be cut is the state kernel alone (FROM_POOL).
 3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values), chunk-major:
    o = exp(G) (q S_c) + (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
+   With `ChunkedRun.fused_output` the state launch computes each chunk's output itself instead,
+   at its own V tile, and neither the chunk states nor v_new are stored (an option, not the
+   default: not yet timed on a GPU; benchmarks/probe_gdn_prefill_kernels.py times it).
 
 The layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) runs these three stages between its
 own conv and norm launches: the prepare on column views of its conv output and of its
@@ -162,35 +165,38 @@ def store_u(
 
 @triton.jit
 def chunk_output(
-    q, k, norms, scale, vs, gs, hs, rows, m_live, live, i_c, i_h, o_v,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, QK_ROW: tl.constexpr,
+    q, k, norms, scale, b_vn, b_S, b_G, rows, m_live, i_h,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, QK_ROW: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, len(o_v)] float32
-    rows of chunk i_c, at the value columns o_v; q and k normalized here (`normalized_rows`). The
-    three dots take DOT_DTYPE operands at PREC (`ChunkedRun.dot`), accumulating in float32.
+    """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, BV] float32 rows
+    of a chunk, from the state entering it (b_S, [K, BV]) and its v_new (b_vn, [BT, BV]) at the same
+    value columns, both already on their operand grid, and its cumulative log decay b_G [BT]; q and
+    k normalized here (`normalized_rows`; rows outside m_live read zeros). The three dots take
+    DOT_DTYPE operands at PREC (`ChunkedRun.dot`), accumulating in float32.
 
-    Rows outside m_live, and every row of a padding sequence (live False), read zeros. Callers fix
-    the columns per shape, never per batch; every tiling measured gave a column the same bits (on
-    float32 operands on the H200 and in the interpreter, on bf16 operands on an H100).
+    Callers fix the columns per shape, never per batch. Every tiling measured on a GPU gave a column
+    the same bits (float32 operands on the H200, bf16 on an H100); under the interpreter the state
+    launch's 32 values and the output launch's 64 differed in the last bit at head dim 64.
     """
     R: tl.constexpr = HV // HK
     i_kh = i_h // R
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, K)
     incl = o_t[:, None] >= o_t[None, :]
     b_q = normalized_rows(q, norms, rows, m_live, i_kh, 0, HK, K, QK_ROW) * scale
     b_k = normalized_rows(k, norms, rows, m_live, i_kh, 1, HK, K, QK_ROW)
-    b_G = tl.load(gs + rows * HV + i_h, mask=m_live, other=0.0)
-    b_vn = tl.load(vs + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
-    b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
-    b_S = tl.where(live, b_S, 0.0)  # a padding sequence's chunk states were never written
     b_q = b_q.to(DOT_DTYPE)
     b_A = tl.dot(b_q, tl.trans(b_k.to(DOT_DTYPE)), input_precision=PREC)
     # G_i - G_j <= 0 for i >= j inside the sequence; the minimum keeps rows past its end (G = 0) finite
     b_A = tl.where(incl, b_A * tl.exp(tl.minimum(b_G[:, None] - b_G[None, :], 0.0)), 0.0).to(DOT_DTYPE)
     b_o = tl.dot(b_q, b_S.to(DOT_DTYPE), input_precision=PREC) * tl.exp(b_G)[:, None]
     return b_o + tl.dot(b_A, b_vn.to(DOT_DTYPE), input_precision=PREC)
+
+
+@triton.jit
+def store_rows(out, b_o, rows, m_t, i_h, o_v, HV: tl.constexpr, V: tl.constexpr):
+    """b_o ([BT, len(o_v)]) into value head i_h's columns o_v of out ([T, HV, V]) at rows m_t."""
+    tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
 
 
 @triton.jit
@@ -348,6 +354,9 @@ def _state_kernel(
     hs,
     trans,
     starts,
+    q,
+    scale,
+    out,
     N,
     HK: tl.constexpr,
     HV: tl.constexpr,
@@ -360,10 +369,14 @@ def _state_kernel(
     SEG: tl.constexpr,
     TRANSFER: tl.constexpr,
     FROM_POOL: tl.constexpr,
+    OUTPUT: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    IO_MANT: tl.constexpr,
+    IO_TINY: tl.constexpr,
+    IO_MAGIC: tl.constexpr,
 ):
-    """One program per (segment, value head, column tile); see `run_state_kernel`. Both dots take
+    """One program per (segment, value head, column tile); see `run_state_kernel`. The dots take
     DOT_DTYPE operands at DOT_PREC (`ChunkedRun.dot`), accumulating in float32.
 
     Per chunk, with w, u and k of the chunk, S <- A S + B for A = exp(g_last) I - kd^T w and
@@ -372,7 +385,10 @@ def _state_kernel(
     same step on the augmented columns [S | X], S from 0 with u, X from I with u = 0; stored as
     trans[segment] = [D | M] ([K, V + K]). Otherwise: from the state entering the segment
     (`_segment_starts_kernel`'s), the chunks with their entering states (hs) and v_new (in place
-    of u) stored, and the final state into the pool.
+    of u) stored, and the final state into the pool. OUTPUT (`ChunkedRun.fused_output`): instead
+    of storing them, each chunk's output rows at this program's columns (`chunk_output`, rounded
+    as the output kernel rounds them) into out, zeros for a padding sequence; q and out unused
+    otherwise.
     A segment is SEG chunks, the last one the rest of its sequence. FROM_POOL: no sequence of the
     call is cut (seg_cu, seg_seq, trans and starts unused): program i_s is sequence i_s, from its
     pool state; the same values as through starts, one launch fewer.
@@ -385,8 +401,6 @@ def _state_kernel(
         if n >= N:  # past the last segment (the grid is an upper bound)
             return
     slot = tl.load(slots + n)
-    if slot < 0:
-        return
     R: tl.constexpr = HV // HK
     bos = tl.load(cu_seqlens + n).to(tl.int64)
     eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
@@ -399,9 +413,16 @@ def _state_kernel(
         s0 = tl.load(seg_cu + n).to(tl.int64)
         n_segs = tl.load(seg_cu + n + 1).to(tl.int64) - s0
     s = i_s - s0
+    j_end = tl.where(s == n_segs - 1, n_chunks, s * SEG + SEG)
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, BT)
     o_c = i_v * BV + tl.arange(0, BV)  # the columns this program owns (of S, or of [S | X])
+    if slot < 0:
+        if OUTPUT:  # a padding sequence's rows get zeros, as from the output kernel
+            for j in range(s * SEG, j_end):
+                rows = bos + j * BT + o_t
+                store_rows(out, tl.zeros([BT, BV], dtype=tl.float32), rows, rows < eos, i_h, o_c, HV, V)
+        return
     p_pool = state + (slot.to(tl.int64) * HV + i_h) * (V * K) + o_c[None, :] * K + o_k[:, None]  # [V, K] as [K, BV]
     if TRANSFER:
         if s == n_segs - 1:  # the last segment's map is never used
@@ -413,11 +434,10 @@ def _state_kernel(
         # always from starts: a choice between the pool and starts (an if block, or two masked
         # loads and a select) made the serial recurrence 11-29 % slower on the H200
         b_S = tl.load(starts + ((s0 + s) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :])
-    j_end = tl.where(s == n_segs - 1, n_chunks, s * SEG + SEG)
     for j in range(s * SEG, j_end):
         rows = bos + j * BT + o_t
         m_t = rows < eos
-        if not TRANSFER:
+        if not TRANSFER and not OUTPUT:
             p_hs = hs + ((c0 + j) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :]
             tl.store(p_hs, b_S.to(hs.dtype.element_ty))  # the state entering chunk j, for the output kernel
         b_w = tl.load(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], mask=m_t[:, None], other=0.0)
@@ -427,12 +447,18 @@ def _state_kernel(
         b_vn = tl.load(p_u, mask=m_u, other=0.0) - tl.dot(
             b_w.to(DOT_DTYPE), b_S.to(DOT_DTYPE), input_precision=DOT_PREC
         )
-        if not TRANSFER:
+        if not TRANSFER and not OUTPUT:
             p_vn = vs + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
             tl.store(p_vn, b_vn.to(vs.dtype.element_ty), mask=m_u)
         last = tl.minimum(bos + j * BT + BT, eos) - 1
         g_last = tl.load(gs + last * HV + i_h)
         b_G = tl.load(gs + rows * HV + i_h, mask=m_t, other=0.0)
+        if OUTPUT:  # v_new and S on the operand grid, as the output kernel reads them from vs and hs
+            b_o = chunk_output(
+                q, k, norms, scale, b_vn.to(DOT_DTYPE), b_S.to(DOT_DTYPE), b_G, rows, m_t, i_h,
+                HK, HV, K, BT, QK_ROW, DOT_DTYPE, DOT_PREC,
+            )  # fmt: skip
+            store_rows(out, round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC), rows, m_t, i_h, o_c, HV, V)
         if DOT_DTYPE == tl.float32:  # noqa: SIM300 (a constexpr parameter, not a constant)
             b_kd = normalized_rows(k, norms, rows, m_t, i_h // R, 1, HK, K, QK_ROW) * tl.exp(g_last - b_G)[:, None]
             b_kv = tl.dot(tl.trans(b_kd), b_vn, input_precision=DOT_PREC)
@@ -513,11 +539,13 @@ def _output_kernel(
     _, length, _, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     m_live = p < tl.where(live, length, 0)  # (a scalar boolean cannot mask a block in the interpreter)
     o_v = i_v * BV + tl.arange(0, BV)
-    b_o = chunk_output(
-        q, k, norms, scale, vs, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, QK_ROW, DOT_DTYPE, PREC
-    )
-    b_o = round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
-    tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
+    o_k = tl.arange(0, K)
+    b_G = tl.load(gs + rows * HV + i_h, mask=m_live, other=0.0)
+    b_vn = tl.load(vs + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
+    b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
+    b_S = tl.where(live, b_S, 0.0)  # a padding sequence's chunk states were never written
+    b_o = chunk_output(q, k, norms, scale, b_vn, b_S, b_G, rows, m_live, i_h, HK, HV, K, BT, QK_ROW, DOT_DTYPE, PREC)
+    store_rows(out, round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC), rows, m_t, i_h, o_v, HV, V)
 
 
 # --- host --------------------------------------------------------------------------------------
@@ -653,12 +681,13 @@ class Scratch:
             prepare's dots take bf16 operands (`ChunkedRun.prep`: a rounding of its own, as fla's
             u); gs: [T, HV] cumulative log decay.
         vs: [T, HV, V] v_new, from the state launch for the output's dots: us itself (v_new over
-            u) on float32 operands, its own tensor on 16-bit ones.
-        hs: [max_chunks, HV, K, V] the state entering each chunk, for the output's dots. On bf16
-            operands w, v_new and the chunk states are half the bytes the launches write and
-            read (on an H100 at 16/32 heads, 16k and 64k tokens, v_new and the chunk states: the
-            output launch 0.78-0.81x its time, the state launch 0.91-0.94x, the call 0.92-0.93x;
-            data/bench/h100/README.md).
+            u) on float32 operands, its own tensor on 16-bit ones; None where the state launch
+            writes the output itself (`ChunkedRun.fused_output`).
+        hs: [max_chunks, HV, K, V] the state entering each chunk, for the output's dots (None as
+            vs). On bf16 operands w, v_new and the chunk states are half the bytes the launches
+            write and read (on an H100 at 16/32 heads, 16k and 64k tokens, v_new and the chunk
+            states: the output launch 0.78-0.81x its time, the state launch 0.91-0.94x, the call
+            0.92-0.93x; data/bench/h100/README.md).
         trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`).
         starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`).
             trans and starts are None when no sequence of the call can be cut.
@@ -667,9 +696,9 @@ class Scratch:
     norms: torch.Tensor
     ws: torch.Tensor
     us: torch.Tensor
-    vs: torch.Tensor
+    vs: torch.Tensor | None
     gs: torch.Tensor
-    hs: torch.Tensor
+    hs: torch.Tensor | None
     trans: torch.Tensor | None
     starts: torch.Tensor | None
 
@@ -690,6 +719,12 @@ class ChunkedRun:
             segment entering states ("ieee" or "tf32").
         dot: the operands of the state recurrence's and the output's dots (`chunk_dot_precision`).
         prep: the operands of the prepare's k k^T, w and u dots (`prepare_dot_precision`).
+        fused_output: the state launch writes the output too, chunk by chunk, and the output
+            launch is not run. Where one sequence's heads fill the GPU (16 and 32 value heads of
+            128), the output's dots would ride along the serial recurrence and the chunk states
+            and v_new (at 16k tokens 0.4 GB each way at 16/32 in bf16) would never be written or
+            read back; with few heads they would lengthen the few serial programs' steps. Off
+            unless asked for, until it is timed on a GPU; a choice per shape, never per batch.
     """
 
     plan: ChunkPlan
@@ -699,6 +734,7 @@ class ChunkedRun:
     prec: str
     dot: DotPrecision
     prep: DotPrecision
+    fused_output: bool
 
 
 def chunked_run(
@@ -709,6 +745,7 @@ def chunked_run(
     chunk_size: int,
     segment_chunks: int = SEGMENT_CHUNKS,
     segment_from: int | None = None,
+    fused_output: bool = False,
 ) -> ChunkedRun:
     """The plans, scratch and dot precision of a call writing `out` ([T, HV, V] in the input dtype);
     segment_from None: the shape's default (`segment_from_of`)."""
@@ -733,13 +770,13 @@ def chunked_run(
         torch.empty(T, HK, 2, **f32),
         torch.empty(T, HV, K, **operand),
         us,
-        torch.empty(T, HV, V, **operand) if narrow else us,
+        None if fused_output else torch.empty(T, HV, V, **operand) if narrow else us,
         torch.empty(T, HV, **f32),
-        torch.empty(plan.max_chunks, HV, K, V, **operand),
+        None if fused_output else torch.empty(plan.max_chunks, HV, K, V, **operand),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V + K, **f32),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V, **f32),
     )
-    return ChunkedRun(plan, segments, segment_chunks, scratch, prec.input_precision, dot, prep)
+    return ChunkedRun(plan, segments, segment_chunks, scratch, prec.input_precision, dot, prep, fused_output)
 
 
 def chunk_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision:
@@ -834,7 +871,10 @@ def run_prepare_kernel(
 
 def run_state_kernel(
     run: ChunkedRun,
+    q: torch.Tensor,
     k: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
     state: torch.Tensor,
     slots: torch.Tensor,
     cu_seqlens: torch.Tensor,
@@ -843,7 +883,8 @@ def run_state_kernel(
     num_stages: int | None = None,
 ):
     """The state recurrence, segment-parallel: reads and writes state[slots] ([num_slots, HV, V, K]
-    float32, contiguous); k is the prepare's.
+    float32, contiguous); q and k are the prepare's. Where run.fused_output, its last launch writes
+    out as `run_output_kernel` would (q, scale and out are read only then).
 
     The recurrence over a sequence's chunks is affine in the state (S <- A_j S + B_j), so, as in
     the parallel scans of linear recurrences (Blelloch, "Prefix sums and their applications",
@@ -880,18 +921,20 @@ def run_state_kernel(
         k=k, norms=s.norms, ws=s.ws, us=s.us, vs=s.vs, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
         N=n, HK=k.shape[1], HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=k.stride(0),
         SEG=run.segment_chunks, DOT_DTYPE=run.dot.dtype, DOT_PREC=run.dot.input_precision,
-        **_launch_options(num_warps, num_stages),
+        q=q, scale=scale, out=out, **grid_args("IO", out.dtype), **_launch_options(num_warps, num_stages),
     )  # fmt: skip
     nv, nv_maps = V // bv, (V + K) // bv  # the V tiles of S, and of a map's [S | X]
     if segs is None:
-        _state_kernel[(n * HV * nv,)](**args, NV=nv, TRANSFER=False, FROM_POOL=True)
+        _state_kernel[(n * HV * nv,)](**args, NV=nv, TRANSFER=False, FROM_POOL=True, OUTPUT=run.fused_output)
         return
-    _state_kernel[(segs.max_chunks * HV * nv_maps,)](**args, NV=nv_maps, TRANSFER=True, FROM_POOL=False)
+    _state_kernel[(segs.max_chunks * HV * nv_maps,)](**args, NV=nv_maps, TRANSFER=True, FROM_POOL=False, OUTPUT=False)
     _segment_starts_kernel[(n * HV * nv,)](
         state=state, slots=slots, seg_cu=segs.chunk_cu, trans=s.trans, starts=s.starts,
         HV=HV, K=K, V=V, BV=bv, PREC=run.prec, num_warps=4,
     )  # fmt: skip
-    _state_kernel[(segs.max_chunks * HV * nv,)](**args, NV=nv, TRANSFER=False, FROM_POOL=False)
+    _state_kernel[(segs.max_chunks * HV * nv,)](
+        **args, NV=nv, TRANSFER=False, FROM_POOL=False, OUTPUT=run.fused_output
+    )  # fmt: skip
 
 
 def run_output_kernel(
@@ -922,24 +965,42 @@ def run_output_kernel(
     )  # fmt: skip
 
 
+def run_state_and_output(
+    run: ChunkedRun,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+) -> None:
+    """Launches 2 and 3 after the prepare: the state recurrence, then the output, which the state
+    launch writes itself where run.fused_output."""
+    run_state_kernel(run, q, k, scale, out, state, slots, cu_seqlens)
+    if not run.fused_output:
+        run_output_kernel(run, q, k, scale, out, cu_seqlens, slots)
+
+
 def gdn_prefill_chunked(
     q, k, v, a, b, A_log, dt_bias, cu_seqlens, state, slots, scale, use_qk_l2norm,
     chunk_size: int = CHUNK_SIZE,
     segment_chunks: int = SEGMENT_CHUNKS,
     segment_from: int | None = None,
+    fused_output: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """gdn_prefill with the chunked kernels (arguments as gdn_prefill's validate()); returns [T, HV, V].
 
     state ([num_slots, HV, V, K] float32, contiguous) is updated in place at `slots`. The backends
-    use the default chunk and segment sizes; the tests shrink the segment to reach it on tiny shapes.
+    use the default chunk and segment sizes and the output launch; the tests shrink the segment to
+    reach it on tiny shapes and also write the output from the state launch (`ChunkedRun.fused_output`).
     """
     q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     HK, K = q.shape[1], q.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    run = chunked_run(cu_seqlens, out, HK, K, chunk_size, segment_chunks, segment_from)
+    run = chunked_run(cu_seqlens, out, HK, K, chunk_size, segment_chunks, segment_from, fused_output)
     run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm)
-    run_state_kernel(run, k, state, slots, cu_seqlens)
-    run_output_kernel(run, q, k, scale, out, cu_seqlens, slots)
+    run_state_and_output(run, q, k, scale, out, state, slots, cu_seqlens)
     return out
 
 

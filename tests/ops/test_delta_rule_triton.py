@@ -16,9 +16,8 @@ from gdn_lab.ops.delta_rule_triton import (
     _unit_lower_inverse,
     chunked_run,
     plan_chunks,
-    run_output_kernel,
     run_prepare_kernel,
-    run_state_kernel,
+    run_state_and_output,
 )
 from gdn_lab.ops.triton_common import DotPrecision, grid_of, round_rne
 from gdn_lab.ops.triton_support import interpreting
@@ -137,8 +136,7 @@ def test_launches_read_column_views_as_their_copies(device):
         run = chunked_run(cu, out, hk, d, 64)
         run_prepare_kernel(run, *args, A_log, dt_bias, cu, slots, True)
         scratch = [getattr(run.scratch, f).clone() for f in ("norms", "ws", "us", "gs")]  # us: v_new after the state
-        run_state_kernel(run, args[1], state, slots, cu)
-        run_output_kernel(run, args[0], args[1], d**-0.5, out, cu, slots)
+        run_state_and_output(run, args[0], args[1], d**-0.5, out, state, slots, cu)
         results.append([*scratch, state, out])
     assert not q.is_contiguous() and b.stride() == (hk * 2 * r, 2 * r, 1)
     for name, viewed, plain in zip(("norms", "ws", "us", "gs", "state", "out"), *results):
@@ -199,8 +197,7 @@ def test_scratch_on_the_operand_grid_gives_the_float32_scratch_bits(device):
         assert (default.scratch.vs is default.scratch.us) == (operand == torch.float32)
         run = _with_operand_scratch(default, dtype)
         run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu, slots, True)
-        run_state_kernel(run, k, state, slots, cu)
-        run_output_kernel(run, q, k, d**-0.5, out, cu, slots)
+        run_state_and_output(run, q, k, d**-0.5, out, state, slots, cu)
         results.append((out, state))
     (out_h, state_h), (out_f, state_f) = results
     assert torch.equal(state_h, state_f)

@@ -145,12 +145,14 @@ def chunked(args: dict, **sizes):
     return run(gdn_prefill_chunked, args, **sizes)
 
 
-def test_segment_parallel_recurrence_matches_the_token_by_token_reference(device):
+@pytest.mark.parametrize("fused_output", [False, True], ids=["output-launch", "fused-output"])
+def test_segment_parallel_recurrence_matches_the_token_by_token_reference(device, fused_output):
     """Sequences of one segment (up to 40 tokens, of 1 to 3 chunks) and of 2 and 5 segments, a padding
-    row, nonzero initial states: fp32 within the fp32 tolerance of the token-by-token recurrence."""
+    row, nonzero initial states: fp32 within the fp32 tolerance of the token-by-token recurrence,
+    with the output from its own launch or from the state launch."""
     lengths, slots = (1, 31, 40, 33, 64, 150, 7), [6, 0, 5, 1, -1, 2, 3]
     args = batch_args(range(len(lengths)), lengths, slots, device, hk=1, hv=2, d=16, spare=1)
-    out, state = chunked(args, **SEGMENTED)
+    out, state = chunked(args, **SEGMENTED, fused_output=fused_output)
     ref_out, ref_state = run("torch-recurrent", args)
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(state, ref_state, atol=1e-5, rtol=1e-4, equal_nan=True)
@@ -193,17 +195,19 @@ def test_the_default_cut_follows_the_shape(device, monkeypatch):
         assert torch.equal(out, want_out) and torch.equal(state[:2], want_state[:2]), f"hv {hv}"  # [2:]: NaN spares
 
 
+@pytest.mark.parametrize("fused_output", [False, True], ids=["output-launch", "fused-output"])
 @pytest.mark.parametrize("target", [130, 37], ids=["five-segments", "one-segment"])
-def test_segment_parallel_recurrence_is_bitwise_alone_vs_batched(device, target):
+def test_segment_parallel_recurrence_is_bitwise_alone_vs_batched(device, target, fused_output):
     """Segments start at each sequence's own first token: the target's bits do not follow its batch,
     among batchmates shorter and longer than it, of one segment and of several, at any position. A
     target of one segment runs from its pool state alone (no sequence of that call can be cut) and
-    through the entering-state launch when batched."""
+    through the entering-state launch when batched. The same with the output written by the state
+    launch."""
 
     def target_bits(seeds, lengths, pos):
         slots = list(range(len(lengths)))[::-1]
         args = batch_args(seeds, lengths, slots, device, hk=1, hv=2, d=16, dtype=torch.bfloat16)
-        out, state = chunked(args, **SEGMENTED)
+        out, state = chunked(args, **SEGMENTED, fused_output=fused_output)
         cu = args["cu_seqlens"].tolist()
         return out[cu[pos] : cu[pos + 1]], state[slots[pos]]
 
@@ -211,6 +215,22 @@ def test_segment_parallel_recurrence_is_bitwise_alone_vs_batched(device, target)
     for seeds, lengths, pos in [([5, TARGET_SEED, 6], [7, target, 200], 1), ([6, 5, TARGET_SEED], [90, 33, target], 2)]:
         out, state = target_bits(seeds, lengths, pos)
         assert torch.equal(out, alone_out) and torch.equal(state, alone_state)
+
+
+@pytest.mark.parametrize("sizes", [{}, SEGMENTED], ids=["serial", "segments"])
+def test_the_state_launch_writes_the_output_launchs_bits(device, sizes):
+    """The output written by the state launch, chunk by chunk, is the output launch's where their
+    tiles cover the same columns (head dim 16: one tile of 16 values in both), bit for bit, in bf16:
+    sequences of one chunk, several, a partial last one, cut into segments or not; a padding
+    sequence's rows are zeros, the pool states the same and the unowned slot untouched."""
+    lengths, slots = (1, 31, 40, 64, 150, 7), [5, 0, -1, 1, 2, 3]
+    args = batch_args(range(len(lengths)), lengths, slots, device, hk=1, hv=2, d=16, dtype=torch.bfloat16, spare=1)
+    fused_out, fused_state = chunked(args, **sizes, fused_output=True)
+    out, state = chunked(args, **sizes, fused_output=False)
+    owned = [s for s in slots if s >= 0]
+    assert torch.equal(fused_out, out) and torch.equal(fused_state[owned], state[owned])
+    assert fused_out[32:72].eq(0).all() and fused_out.abs().max() > 0  # the padding sequence's rows
+    assert fused_state[4].isnan().all()
 
 
 def test_coverage_reasons(device):
