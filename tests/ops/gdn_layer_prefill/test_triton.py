@@ -193,7 +193,7 @@ def test_the_state_launch_writes_the_output_launchs_bits(dtype, device):
     results = []
     for fused_output in (True, False):
         mine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-        (norm, _, _) = gdn_layer_prefill_fused(**mine, fused_output=fused_output)
+        norm, _, _ = gdn_layer_prefill_fused(**mine, fused_output=fused_output)
         results.append((norm, mine["conv_state"], mine["delta_state"]))
     (norm_f, conv_f, delta_f), (norm, conv, delta) = results
     owned = [s for s in slots if s >= 0]
