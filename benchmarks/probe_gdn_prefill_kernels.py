@@ -7,8 +7,7 @@ then every segment; a sequence of one segment takes the last launch alone), and 
 chunk-parallel output. This probe times each through the backend's own launch functions on the
 bench's inputs (benchmarks/bench_gdn_prefill.py), the whole backend call beside them, the state
 recurrence at other segment lengths (`serial`: one segment per sequence), V tiles, warp counts and
-pipeline stages, the state recurrence writing the output itself (`fused_output`: the state row
-then stands for the state and output rows together), and the chunk-parallel launches (prepare, output) at other warp counts and
+pipeline stages, and the chunk-parallel launches (prepare, output) at other warp counts and
 stages, the output at other V tiles: the data for choosing each kernel's fixed configuration (it
 must not follow the batch) and for seeing which launch to speed up next.
 
@@ -19,7 +18,7 @@ Usage:
 
 Writes OUT_DIR/probe_gdn_prefill_kernels.csv: one row per (HK/HV, tokens, sequences, launch) with `us`
 (do_bench median on a GPU, one call on the CPU), and for variants block_v (state, output), num_warps,
-num_stages, segment_chunks, segment_from and fused_output (state) and the status (a variant the GPU cannot run says why); every row carries the environment
+num_stages, segment_chunks and segment_from (state) and the status (a variant the GPU cannot run says why); every row carries the environment
 fingerprint (`env_*`).
 """
 
@@ -45,7 +44,6 @@ COLUMNS = [
     "launch",
     "segment_chunks",
     "segment_from",
-    "fused_output",
     "block_v",
     "num_warps",
     "num_stages",
@@ -91,20 +89,20 @@ def launches(args: dict, device: torch.device) -> dict:
     run = D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE)
     gates = [a[x] for x in ("a", "b", "A_log", "dt_bias")]
 
-    def state_launches(segment_chunks=D.SEGMENT_CHUNKS, segment_from=None, fused_output=False, **tile):
+    def state_launches(segment_chunks=D.SEGMENT_CHUNKS, segment_from=None, **tile):
         if segment_chunks == "serial":
             segment_chunks, segment_from = D.SEGMENT_CHUNKS, q.shape[0]  # every sequence one segment
         seg = D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE, segment_chunks, segment_from)
         mine = dataclasses.replace(
-            run, segments=seg.segments, segment_chunks=segment_chunks, fused_output=fused_output,
+            run, segments=seg.segments, segment_chunks=segment_chunks,
             scratch=dataclasses.replace(run.scratch, trans=seg.scratch.trans, starts=seg.scratch.starts),
         )  # fmt: skip
-        return lambda: D.run_state_kernel(mine, q, k, a["scale"], out, a["state"], slots, cu, **tile)
+        return lambda: D.run_state_kernel(mine, k, v, a["state"], slots, cu, **tile)
 
     return {
         "plan+scratch": lambda: lambda: D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE),
         "prepare": lambda **opts: (
-            lambda: D.run_prepare_kernel(run, q, k, v, *gates, cu, slots, a["use_qk_l2norm"], **opts)
+            lambda: D.run_prepare_kernel(run, q, k, *gates, cu, slots, a["use_qk_l2norm"], **opts)
         ),
         "state": state_launches,
         "output": lambda **opts: lambda: D.run_output_kernel(run, q, k, a["scale"], out, cu, slots, **opts),
@@ -149,9 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         ]
         tried += [(name, {"num_warps": w, "num_stages": st}) for name in ("prepare", "output") for w, st in parallel]
         tried += [("output", {"block_v": bv, "num_warps": w}) for bv, w in output_tiles]
-        # last of a case's variants: its bf16 dots on 32-value tiles are the output tile that once
-        # faulted (OUTPUT_TILES)
-        tried += [("state", {"fused_output": True})]
         for name, opts in tried:
             row = {**case, "launch": name, **opts, **env}
             try:

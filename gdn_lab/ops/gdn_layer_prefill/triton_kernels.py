@@ -1,16 +1,16 @@
 """gdn_layer_prefill in Triton: the whole GDN prefill chain, batch invariant.
 
 gdn_prefill's chunked delta rule (`gdn_lab.ops.delta_rule_triton`: its prepare, state and output
-launches, or the output inside the state launch: `ChunkedRun.fused_output`) between the layer's
-own first and last launches:
+launches) between the layer's own first and last launches:
 
 1. `_conv_kernel` (per chunk and block of conv channels): causal conv1d of the interleaved
    projection with the slot's conv history (zeros where has_initial_state is False) + SiLU
    (`_conv_silu_rows`; `_conv_silu_tile` under the interpreter), stored in the input dtype as
    [q of every key head | k | v of every value head];
 2. `run_prepare_kernel` on column views of that output and of the interleaved b/a: gates, L2 norm
-   and the chunk factors; `run_state_and_output`: reads and writes the delta-state slot and writes
-   the delta rule's output in float32, over its u scratch where that is float32;
+   and the chunk factors; `run_state_kernel` (reading v's column view): reads and writes the
+   delta-state slot; `run_output_kernel`: the delta rule's output in float32, over its v_new
+   scratch where that is float32;
 3. `_layer_norm_kernel` (per chunk and value head, or per group of heads sharing an fp8 group):
    gated RMSNorm with z, the store in the input dtype, group-128 fp8 with float32 scales, and, in
    each sequence's last chunk, the conv-state update (`_conv_state_update`, after every launch-1
@@ -39,8 +39,9 @@ from gdn_lab.ops.delta_rule_triton import (
     SEGMENT_CHUNKS,
     chunk_rows,
     chunked_run,
+    run_output_kernel,
     run_prepare_kernel,
-    run_state_and_output,
+    run_state_kernel,
 )
 from gdn_lab.ops.triton_common import grid_args, grid_of, pow2_at_least, round_rne
 from gdn_lab.ops.triton_support import interpreting
@@ -409,12 +410,10 @@ def gdn_layer_prefill_fused(
     chunk_size: int = CHUNK_SIZE,
     segment_chunks: int = SEGMENT_CHUNKS,
     segment_from: int | None = None,
-    fused_output: bool = False,
 ):
     """gdn_layer_prefill (arguments as its validate() returns them: vectors contiguous) with the
     fused kernels; chunk 64 and the state recurrence's default segments for the shape
-    (`run_state_kernel`) unless given (the controls change them), and the output launch unless
-    fused_output (`ChunkedRun.fused_output`; the tests).
+    (`run_state_kernel`) unless given (the controls change them).
 
     conv_state and delta_state (contiguous) are updated in place at cache_indices.
 
@@ -431,7 +430,7 @@ def gdn_layer_prefill_fused(
     qkvz = projected_qkvz.contiguous()
     width = conv_weight.shape[1]
     io = grid_args("IO", dtype)
-    run = chunked_run(cu_seqlens, normalized, HK, D, chunk_size, segment_chunks, segment_from, fused_output)
+    run = chunked_run(cu_seqlens, normalized, HK, D, chunk_size, segment_chunks, segment_from)
     s, N = run.scratch, cache_indices.numel()
     mixed = torch.empty(T, 2 * HK * D + HV * D, dtype=dtype, device=device)
     run_conv_kernel(qkvz, conv_state, conv_weight, conv_bias, has_initial_state, cu_seqlens, cache_indices, run.plan,
@@ -440,12 +439,12 @@ def gdn_layer_prefill_fused(
     q, k = mixed[:, : HK * D].view(T, HK, D), mixed[:, HK * D : 2 * HK * D].view(T, HK, D)
     v = mixed[:, 2 * HK * D :].view(T, HV, D)
     b, a = ba[..., : HV // HK], ba[..., HV // HK :]
-    run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, cache_indices, True)
-    # the delta rule's output in float32, over u where u is float32: each program of the output
-    # launch (or of the state launch writing it) reads only the rows and values it overwrites, and
-    # reads them first
-    o32 = s.us if s.us.dtype == torch.float32 else torch.empty(T, HV, D, dtype=torch.float32, device=device)
-    run_state_and_output(run, q, k, D**-0.5, o32, delta_state, cache_indices, cu_seqlens)
+    run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu_seqlens, cache_indices, True)
+    run_state_kernel(run, k, v, delta_state, cache_indices, cu_seqlens)
+    # the delta rule's output in float32, over v_new where v_new is float32 (on float32 operands):
+    # each output program reads only the rows and values it overwrites, and reads them first
+    o32 = s.vs if s.vs.dtype == torch.float32 else torch.empty(T, HV, D, dtype=torch.float32, device=device)
+    run_output_kernel(run, q, k, D**-0.5, o32, cu_seqlens, cache_indices)
     # the norm launch at 4 warps (its tiles are [BT, V]; 8 was not compared on the H200)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
     f8 = grid_of(fp8_dtype if quantize_fp8 else torch.float8_e4m3fn)
