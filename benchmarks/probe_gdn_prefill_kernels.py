@@ -97,12 +97,12 @@ def launches(args: dict, device: torch.device) -> dict:
             run, segments=seg.segments, segment_chunks=segment_chunks,
             scratch=dataclasses.replace(run.scratch, trans=seg.scratch.trans, starts=seg.scratch.starts),
         )  # fmt: skip
-        return lambda: D.run_state_kernel(mine, k, a["state"], slots, cu, **tile)
+        return lambda: D.run_state_kernel(mine, k, v, a["state"], slots, cu, **tile)
 
     return {
         "plan+scratch": lambda: lambda: D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE),
         "prepare": lambda **opts: (
-            lambda: D.run_prepare_kernel(run, q, k, v, *gates, cu, slots, a["use_qk_l2norm"], **opts)
+            lambda: D.run_prepare_kernel(run, q, k, *gates, cu, slots, a["use_qk_l2norm"], **opts)
         ),
         "state": state_launches,
         "output": lambda **opts: lambda: D.run_output_kernel(run, q, k, a["scale"], out, cu, slots, **opts),

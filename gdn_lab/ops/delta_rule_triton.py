@@ -7,24 +7,25 @@ that only the state recurrence walks a sequence, segment by segment:
 1. `_prepare_kernel`, one program per (chunk, value head), all chunks at once: the L2 norm
    factors of q and k (the later launches scale the input rows by them: `normalized_rows`), the
    gates (`chunk_gates`), the chunk's cumulative log decay G,
-   A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 (blocked: `_unit_lower_inverse`),
-   w = T (beta exp(G) k) (`store_w`) and u = T (beta v) (`store_u`), into scratch (`Scratch`),
-   k and v in column pieces.
+   A = strict_tril(beta_i (k_i . k_j) exp(G_i - G_j)) (k in column pieces) and
+   T = (I + A)^-1 (blocked: `_unit_lower_inverse`), into scratch (`Scratch`) with beta.
 2. `run_state_kernel`'s launches: `_state_kernel`, one program per (segment, value head, V tile),
-   chunk after chunk: it stores the state entering each chunk and v_new = u - w S (S as [K, V])
-   for the output launch (`Scratch`), updates S <- exp(G_last) S + (k exp(G_last - G))^T v_new
-   and writes the final state to the pool. Where one sequence's heads leave the GPU idle
-   (`segment_from_of`), a sequence of more than SEGMENT_FROM tokens is cut into segments of
-   SEGMENT_CHUNKS chunks, whose entering states come from the segments' affine maps (the same
-   kernel, TRANSFER) through `_segment_starts_kernel`; a shorter one is one segment (the serial
-   recurrence), and a call in which no sequence can be cut is the state kernel alone (FROM_POOL).
+   chunk after chunk: it stores the state entering each chunk and
+   v_new = T (beta v - beta exp(G) (k S)) (S as [K, V]; fla's u - w S with w = T (beta exp(G) k)
+   and u = T (beta v), which are never formed) for the output launch (`Scratch`), updates
+   S <- exp(G_last) S + (k exp(G_last - G))^T v_new and writes the final state to the pool.
+   Where one sequence's heads leave the GPU idle (`segment_from_of`), a sequence of more than
+   SEGMENT_FROM tokens is cut into segments of SEGMENT_CHUNKS chunks, whose entering states come
+   from the segments' affine maps (the same kernel, TRANSFER) through `_segment_starts_kernel`; a
+   shorter one is one segment (the serial recurrence), and a call in which no sequence can be cut
+   is the state kernel alone (FROM_POOL).
 3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values), chunk-major:
    o = exp(G) (q S_c) + (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
 
 The layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) runs these three stages between its
 own conv and norm launches: the prepare on column views of its conv output and of its
 interleaved b/a (`run_prepare_kernel` takes the row strides; the state and output launches read
-the same views), the output in float32 over u.
+the same views), the output in float32 over v_new where v_new is float32.
 Nothing here knows the layer.
 
 Why the bits cannot follow the batch: chunks and segments start at each sequence's first token,
@@ -39,10 +40,10 @@ controls (`*_by_batch`) change exactly one thing, the chunk size, following AITE
 Numerics: everything is float32 but the dots' operands and what only they read. For float32 and
 fp16 inputs every dot takes float32 operands ("ieee" for float32 inputs, TF32 for fp16 on GPUs
 that have it: `dot_precision(..., float32_operands=True)`). For bf16 inputs on a GPU the
-recurrence's and the output's dots take bf16 operands (`chunk_dot_precision`; w, v_new and the
-chunk states are stored on that grid), and so do the prepare's k k^T, w and u at head dims of 64
-and more (`prepare_dot_precision`; u stored in bf16); the prepare's inverse and the segments'
-entering states stay on float32 operands. Every dot accumulates in float32. Values that must land
+recurrence's and the output's dots take bf16 operands (`chunk_dot_precision`; T, v_new and the
+chunk states are stored on that grid), and so does the prepare's k k^T at key head dims of 64 and
+more (`prepare_dot_precision`); the prepare's inverse and the segments' entering states stay on
+float32 operands. Every dot accumulates in float32. Values that must land
 on a narrower grid (outputs; in the fused layer the conv output and fp8) are rounded explicitly
 to nearest-even in float32 first (`round_rne`), so the final cast is exact on every backend:
 Triton 3.9's interpreter truncates fp32 -> bf16 and drops the carry in fp32 -> fp8 (e.g. 31.86 -> 16
@@ -138,29 +139,6 @@ def chunk_inverse(kk, b_beta, b_G, BT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def store_w(
-    b_T, b_k, b_scale, ws, rows, m_t, i_h, o_k,
-    HV: tl.constexpr, K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """Stores w = T (b_scale k) at the key columns o_k (b_k: k's values there; b_scale [BT]: beta exp(G),
-    times each row's L2 norm factor when b_k is not normalized), in ws's dtype (the state launch's
-    dot operand). The dot takes DOT_DTYPE operands at DOT_PREC (`ChunkedRun.prep`)."""
-    b_w = tl.dot(b_T.to(DOT_DTYPE), (b_k * b_scale[:, None]).to(DOT_DTYPE), input_precision=DOT_PREC)
-    tl.store(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], b_w.to(ws.dtype.element_ty), mask=m_t[:, None])
-
-
-@triton.jit
-def store_u(
-    b_T, b_v, b_beta, us, rows, m_t, i_h, o_v,
-    HV: tl.constexpr, V: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """Stores u = T (beta v) at the value columns o_v (b_v: v's values there), in us's dtype; the
-    dot as `store_w`'s."""
-    b_u = tl.dot(b_T.to(DOT_DTYPE), (b_v * b_beta[:, None]).to(DOT_DTYPE), input_precision=DOT_PREC)
-    tl.store(us + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_u.to(us.dtype.element_ty), mask=m_t[:, None])
-
-
-@triton.jit
 def chunk_output(
     q, k, norms, scale, vs, gs, hs, rows, m_live, live, i_c, i_h, o_v,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, QK_ROW: tl.constexpr,
@@ -171,8 +149,9 @@ def chunk_output(
     three dots take DOT_DTYPE operands at PREC (`ChunkedRun.dot`), accumulating in float32.
 
     Rows outside m_live, and every row of a padding sequence (live False), read zeros. Callers fix
-    the columns per shape, never per batch; every tiling measured gave a column the same bits (on
-    float32 operands on the H200 and in the interpreter, on bf16 operands on an H100).
+    the columns per shape, never per batch. Every tiling measured on a GPU gave a column the same
+    bits (float32 operands on the H200, bf16 on an H100); under the interpreter tiles of 32 and 64
+    values differed in the last bit at head dim 64.
     """
     R: tl.constexpr = HV // HK
     i_kh = i_h // R
@@ -240,7 +219,6 @@ def normalized_rows(
 def _prepare_kernel(
     q,
     k,
-    v,
     a,
     b,
     A_log,
@@ -250,19 +228,16 @@ def _prepare_kernel(
     chunk_seq,
     chunk_cu,
     norms,
-    ws,
-    us,
+    ts,
+    bs,
     gs,
     N,
     HK: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
-    V: tl.constexpr,
     BT: tl.constexpr,
     KP: tl.constexpr,
-    VP: tl.constexpr,
     QK_ROW: tl.constexpr,
-    V_ROW: tl.constexpr,
     G_ROW: tl.constexpr,
     G_KH: tl.constexpr,
     L2NORM: tl.constexpr,
@@ -272,12 +247,12 @@ def _prepare_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """One program per (chunk, value head); k and v in pieces of KP and VP columns (`column_piece`).
-    k k^T, w and u are dots on DOT_DTYPE operands at DOT_PREC (`ChunkedRun.prep`), the inverse's
-    on float32 operands at PREC.
+    """One program per (chunk, value head); k in pieces of KP columns (`column_piece`). k k^T is a
+    dot on DOT_DTYPE operands at DOT_PREC (`ChunkedRun.prep`), the inverse's on float32 operands
+    at PREC. Stores T's rows in ts's dtype (the state launch's dot operand) and beta.
 
-    q and k are rows of QK_ROW elements ([HK, K] at their start), v of V_ROW ([HV, V]); a and b
-    hold value head h of key head h // R at row * G_ROW + (h // R) * G_KH + h % R.
+    q and k are rows of QK_ROW elements ([HK, K] at their start); a and b hold value head h of key
+    head h // R at row * G_ROW + (h // R) * G_KH + h % R.
     """
     _, i_h, i_c = tile_head_item(1, HV)  # the R value heads of a key head read its k rows in turn
     n = tl.load(chunk_seq + i_c)
@@ -295,13 +270,10 @@ def _prepare_kernel(
     b_b = tl.load(b + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
     b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
 
-    # k and v in column pieces, k read again for w after T: fewer tiles live across the inverse
-    # (the launch 732 against 864 us with whole tiles at 65536 tokens on the H200, the same error;
-    # data/bench/h200/README.md). kk comes from the raw rows scaled by their norms. Normalized q and
-    # k are not stored: their norm factors are, and the later launches read the raw rows (in the
-    # input dtype) and scale them (`normalized_rows`).
+    # k in column pieces: fewer tiles live across the inverse. kk comes from the raw rows scaled
+    # by their norms. Normalized q and k are not stored: their norm factors are, and the later
+    # launches read the raw rows (in the input dtype) and scale them (`normalized_rows`).
     o_kp = tl.arange(0, KP)
-    o_vp = tl.arange(0, VP)
     sq = tl.zeros([BT], dtype=tl.float32)
     kk = tl.zeros([BT, BT], dtype=tl.float32)
     for c in tl.static_range(K // KP):
@@ -314,13 +286,9 @@ def _prepare_kernel(
     if L2NORM:
         r_k = tl.math.rsqrt(sq + EPS)
     b_T = chunk_inverse(kk * r_k[:, None] * r_k[None, :], b_beta, b_G, BT, PREC)
-    s_w = r_k * b_beta * tl.exp(b_G)
-    for c in tl.static_range(K // KP):
-        b_kc = _load_rows(k, rows, i_kh * K + c * KP + o_kp, m_t, QK_ROW)
-        store_w(b_T, b_kc, s_w, ws, rows, m_t, i_h, c * KP + o_kp, HV, K, DOT_DTYPE, DOT_PREC)
-    for c in tl.static_range(V // VP):
-        b_vc = _load_rows(v, rows, i_h * V + c * VP + o_vp, m_t, V_ROW)
-        store_u(b_T, b_vc, b_beta, us, rows, m_t, i_h, c * VP + o_vp, HV, V, DOT_DTYPE, DOT_PREC)
+    o_t = tl.arange(0, BT)
+    tl.store(ts + rows[:, None] * (HV * BT) + i_h * BT + o_t[None, :], b_T.to(ts.dtype.element_ty), mask=m_t[:, None])
+    tl.store(bs + rows * HV + i_h, b_beta, mask=m_t)
     if i_h % R == 0:  # one value head per key head writes the factors of its q and k
         r_q = tl.full([BT], 1.0, tl.float32)
         if L2NORM:
@@ -340,9 +308,10 @@ def _state_kernel(
     seg_cu,
     seg_seq,
     k,
+    v,
     norms,
-    ws,
-    us,
+    ts,
+    bs,
     vs,
     gs,
     hs,
@@ -357,22 +326,26 @@ def _state_kernel(
     NV: tl.constexpr,
     BT: tl.constexpr,
     QK_ROW: tl.constexpr,
+    V_ROW: tl.constexpr,
     SEG: tl.constexpr,
     TRANSFER: tl.constexpr,
     FROM_POOL: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """One program per (segment, value head, column tile); see `run_state_kernel`. Both dots take
+    """One program per (segment, value head, column tile); see `run_state_kernel`. The dots take
     DOT_DTYPE operands at DOT_PREC (`ChunkedRun.dot`), accumulating in float32.
 
-    Per chunk, with w, u and k of the chunk, S <- A S + B for A = exp(g_last) I - kd^T w and
-    B = kd^T u (kd = k exp(g_last - G)): v_new = u - w S, S <- exp(g_last) S + kd^T v_new.
+    Per chunk, with T, beta, k (normalized) and v of the chunk, w = T (beta exp(G) k) and
+    u = T (beta v): S <- A S + B for A = exp(g_last) I - kd^T w and B = kd^T u (kd =
+    k exp(g_last - G)), stepped as v_new = T (beta v - beta exp(G) (k S)) = u - w S and
+    S <- exp(g_last) S + kd^T v_new. k's raw rows are the k S dot's operands, its norm factor
+    scales the product's rows.
     TRANSFER: the segment's affine map (M, D) = (A_m ... A_1, the state it makes of zero), by the
-    same step on the augmented columns [S | X], S from 0 with u, X from I with u = 0; stored as
+    same step on the augmented columns [S | X], S from 0 with v, X from I with v = 0; stored as
     trans[segment] = [D | M] ([K, V + K]). Otherwise: from the state entering the segment
-    (`_segment_starts_kernel`'s), the chunks with their entering states (hs) and v_new (in place
-    of u) stored, and the final state into the pool.
+    (`_segment_starts_kernel`'s), the chunks with their entering states (hs) and v_new (vs)
+    stored, and the final state into the pool.
     A segment is SEG chunks, the last one the rest of its sequence. FROM_POOL: no sequence of the
     call is cut (seg_cu, seg_seq, trans and starts unused): program i_s is sequence i_s, from its
     pool state; the same values as through starts, one launch fewer.
@@ -420,30 +393,31 @@ def _state_kernel(
         if not TRANSFER:
             p_hs = hs + ((c0 + j) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :]
             tl.store(p_hs, b_S.to(hs.dtype.element_ty))  # the state entering chunk j, for the output kernel
-        b_w = tl.load(ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], mask=m_t[:, None], other=0.0)
-        p_u = us + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
-        # X's columns take u = 0; S's alone keep the row mask (a column mask cost 7 % on the H200)
+        b_T = tl.load(ts + rows[:, None] * (HV * BT) + i_h * BT + o_t[None, :], mask=m_t[:, None], other=0.0)
+        b_beta = tl.load(bs + rows * HV + i_h, mask=m_t, other=0.0)
+        b_G = tl.load(gs + rows * HV + i_h, mask=m_t, other=0.0)
+        r_k = norm_factors(norms, rows, m_t, i_h // R, 1, HK)
+        b_k = _raw_rows(k, rows, (i_h // R) * K + o_k, m_t, QK_ROW)
+        # X's columns take v = 0; S's alone keep the row mask (a column mask cost 7 % on the H200)
         m_u = (m_t[:, None] & (o_c < V)[None, :]) if TRANSFER else m_t[:, None]
-        b_vn = tl.load(p_u, mask=m_u, other=0.0) - tl.dot(
-            b_w.to(DOT_DTYPE), b_S.to(DOT_DTYPE), input_precision=DOT_PREC
-        )
+        b_v = tl.load(v + rows[:, None] * V_ROW + i_h * V + o_c[None, :], mask=m_u, other=0.0).to(tl.float32)
+        b_ks = tl.dot(b_k.to(DOT_DTYPE), b_S.to(DOT_DTYPE), input_precision=DOT_PREC)
+        b_x = b_beta[:, None] * b_v - (r_k * b_beta * tl.exp(b_G))[:, None] * b_ks
+        b_vn = tl.dot(b_T.to(DOT_DTYPE), b_x.to(DOT_DTYPE), input_precision=DOT_PREC)
         if not TRANSFER:
             p_vn = vs + rows[:, None] * (HV * V) + i_h * V + o_c[None, :]
             tl.store(p_vn, b_vn.to(vs.dtype.element_ty), mask=m_u)
         last = tl.minimum(bos + j * BT + BT, eos) - 1
         g_last = tl.load(gs + last * HV + i_h)
-        b_G = tl.load(gs + rows * HV + i_h, mask=m_t, other=0.0)
         if DOT_DTYPE == tl.float32:  # noqa: SIM300 (a constexpr parameter, not a constant)
-            b_kd = normalized_rows(k, norms, rows, m_t, i_h // R, 1, HK, K, QK_ROW) * tl.exp(g_last - b_G)[:, None]
+            b_kd = b_k.to(tl.float32) * r_k[:, None] * tl.exp(g_last - b_G)[:, None]
             b_kv = tl.dot(tl.trans(b_kd), b_vn, input_precision=DOT_PREC)
         else:
             # k's raw rows are exact 16-bit operands; its norm factor and the decay scale v_new's
             # rows instead, so one rounding, of a [BT, BV] tile, feeds the dot (on float32
             # operands this form made the launch 1.12-1.38x slower on an H100: not used there)
-            r_k = norm_factors(norms, rows, m_t, i_h // R, 1, HK)
             b_vd = (b_vn * (r_k * tl.exp(g_last - b_G))[:, None]).to(DOT_DTYPE)
-            b_k = _raw_rows(k, rows, (i_h // R) * K + o_k, m_t, QK_ROW).to(DOT_DTYPE)
-            b_kv = tl.dot(tl.trans(b_k), b_vd, input_precision=DOT_PREC)
+            b_kv = tl.dot(tl.trans(b_k.to(DOT_DTYPE)), b_vd, input_precision=DOT_PREC)
         b_S = b_S * tl.exp(g_last) + b_kv
     if TRANSFER:
         tl.store(trans + ((s0 + s) * HV + i_h) * (K * (V + K)) + o_k[:, None] * (V + K) + o_c[None, :], b_S)
@@ -648,25 +622,25 @@ class Scratch:
         norms: [T, HK, 2] the L2 norm factors of q and k (1 without the norm): the later launches
             normalize the input rows themselves, which reads half the bytes of normalized float32
             copies and writes none.
-        ws: [T, HV, K] w, in the operand dtype (the state launch's dots alone read it); us: [T,
-            HV, V] u, float32 (the state launch subtracts w S from it), or bf16 where the
-            prepare's dots take bf16 operands (`ChunkedRun.prep`: a rounding of its own, as fla's
-            u); gs: [T, HV] cumulative log decay.
-        vs: [T, HV, V] v_new, from the state launch for the output's dots: us itself (v_new over
-            u) on float32 operands, its own tensor on 16-bit ones.
+        ts: [T, HV, BT] each token's row of its chunk's T = (I + A)^-1, in the operand dtype
+            (the state launch's dot alone reads it); bs: [T, HV] beta; gs: [T, HV] cumulative log
+            decay. Where the prepare stored w = T (beta exp(G) k) and u = T (beta v) instead
+            ([T, HV, K] and [T, HV, V]), at 16/32 heads of 128 on an H100 the call took 1.07-1.16x
+            the time of a scratch variant of this form (16k and 64k tokens, 1 to 16 sequences;
+            probe_fused_fb617e2.log, data/bench/h100/README.md).
+        vs: [T, HV, V] v_new, from the state launch for the output's dots.
         hs: [max_chunks, HV, K, V] the state entering each chunk, for the output's dots. On bf16
-            operands w, v_new and the chunk states are half the bytes the launches write and
-            read (on an H100 at 16/32 heads, 16k and 64k tokens, v_new and the chunk states: the
-            output launch 0.78-0.81x its time, the state launch 0.91-0.94x, the call 0.92-0.93x;
-            data/bench/h100/README.md).
+            operands v_new and the chunk states are half the bytes the launches write and read
+            (on an H100 at 16/32 heads, 16k and 64k tokens: the output launch 0.78-0.81x its
+            time, the state launch 0.91-0.94x, the call 0.92-0.93x; data/bench/h100/README.md).
         trans: [max_segments, HV, K, V + K] each segment's map [D | M] (`_state_kernel`).
         starts: [max_segments, HV, K, V] the state entering each segment (`_segment_starts_kernel`).
             trans and starts are None when no sequence of the call can be cut.
     """
 
     norms: torch.Tensor
-    ws: torch.Tensor
-    us: torch.Tensor
+    ts: torch.Tensor
+    bs: torch.Tensor
     vs: torch.Tensor
     gs: torch.Tensor
     hs: torch.Tensor
@@ -689,7 +663,7 @@ class ChunkedRun:
         prec: the tl.dot input_precision of the float32 dots: the prepare's inverse and the
             segment entering states ("ieee" or "tf32").
         dot: the operands of the state recurrence's and the output's dots (`chunk_dot_precision`).
-        prep: the operands of the prepare's k k^T, w and u dots (`prepare_dot_precision`).
+        prep: the operands of the prepare's k k^T dots (`prepare_dot_precision`).
     """
 
     plan: ChunkPlan
@@ -724,16 +698,15 @@ def chunked_run(
         (plan,), segments = plan_chunks(cu_seqlens, T, (chunk_size, 0)), None
     prec = dot_precision(out.dtype, out.dtype, float32_operands=True, device=device)
     dot = chunk_dot_precision(prec, out.dtype)
-    prep = prepare_dot_precision(prec, dot, K, V)
+    prep = prepare_dot_precision(prec, dot, K)
     f32 = {"dtype": torch.float32, "device": device}
     narrow = dot.dtype != tl.float32  # the dots take the input dtype's operands
     operand = {"dtype": out.dtype, "device": device} if narrow else f32
-    us = torch.empty(T, HV, V, **(operand if prep.dtype != tl.float32 else f32))
     scratch = Scratch(
         torch.empty(T, HK, 2, **f32),
-        torch.empty(T, HV, K, **operand),
-        us,
-        torch.empty(T, HV, V, **operand) if narrow else us,
+        torch.empty(T, HV, chunk_size, **operand),
+        torch.empty(T, HV, **f32),
+        torch.empty(T, HV, V, **operand),
         torch.empty(T, HV, **f32),
         torch.empty(plan.max_chunks, HV, K, V, **operand),
         None if segments is None else torch.empty(segments.max_chunks, HV, K, V + K, **f32),
@@ -747,12 +720,13 @@ def chunk_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision
     the GPU), never by the batch.
 
     For bf16 inputs, on a GPU, bf16, accumulating in float32, as fla's chunk kernels feed theirs:
-    the recurrence's w S and k^T v_new (w stored in bf16; S and the scaled v_new rounded) and the
-    output's. fp16 inputs keep the chunk's float32 operands (`chunk`): the state and v_new are not
-    bounded by fp16's range. The prepare's dots follow `prepare_dot_precision`.
+    the recurrence's k S, T (beta v - ...) and k^T v_new (T stored in bf16; S, the bracket and the
+    scaled v_new rounded) and the output's. fp16 inputs keep the chunk's float32 operands
+    (`chunk`): the state and v_new are not bounded by fp16's range. The prepare's dots follow `prepare_dot_precision`.
     On an H100, bf16 operands in the output launch took 0.69-0.70x the time of TF32 ones at 16/32
-    heads (afb0139); in the state launch, with w stored in bf16, 0.51-0.64x at 16k and 64k tokens
-    (both head shapes; a scratch probe of fe57a0e, data/bench/h100/README.md).
+    heads (afb0139); in the state launch, when it read w stored in bf16 (its w S dot in place of
+    k S and T (...)), 0.51-0.64x at 16k and 64k tokens (both head shapes; a scratch probe of
+    fe57a0e, data/bench/h100/README.md).
     Under the interpreter every dot is float32, as `dot_precision` says.
     """
     if dtype != torch.bfloat16:
@@ -760,23 +734,22 @@ def chunk_dot_precision(chunk: DotPrecision, dtype: torch.dtype) -> DotPrecision
     return dot_precision(dtype, dtype)
 
 
-def prepare_dot_precision(chunk: DotPrecision, dot: DotPrecision, k_dim: int, v_dim: int) -> DotPrecision:
-    """The operands of the prepare's k k^T, w and u dots, fixed by the input dtype, the head dims
-    (and the GPU), never by the batch.
+def prepare_dot_precision(chunk: DotPrecision, dot: DotPrecision, k_dim: int) -> DotPrecision:
+    """The operands of the prepare's k k^T dots, fixed by the input dtype, the key head dim (and
+    the GPU), never by the batch.
 
     `dot`, the recurrence's (`chunk_dot_precision`: bf16 for bf16 inputs on a GPU, as fla's chunk
-    kernels feed theirs; u is then stored in bf16, as fla stores it) where both head dims are cut
-    into `column_piece`s of 32 or more columns; otherwise `chunk`, the float32 operands: on pieces
-    of 16 (head dims 16 and 32; 32-byte bf16 rows) the bf16 dots gave values of 1e33 to inf, some
-    different on each run, with Triton 3.6 on an H100 (b67bb93; not isolated further: Triton has
-    had Hopper wgmma bugs on narrow 16-bit tiles, e.g. triton-lang/triton#7830). The inverse stays on float32 operands
-    whatever the dtype. On an H100 at 16/32 heads of 128 (9901008 against cb5dcc7, one machine,
-    16k and 64k tokens): the prepare 0.72-0.73x its time, the state launch 0.93-0.96x (u's bytes
-    halved), the call 0.83-0.85x; the output error fla chunk's (rel_mae 0.00382 against its 0.00388
-    at 4096 tokens, TF32 0.00329: a scratch variant of fe57a0e whose numbers 9901008 repeats at
-    head dims 64 and 128). data/bench/h100/README.md.
+    kernels feed theirs) where the key head dim is cut into `column_piece`s of 32 or more columns;
+    otherwise `chunk`, the float32 operands: on pieces of 16 (head dims 16 and 32; 32-byte bf16
+    rows) the prepare's bf16 dots gave values of 1e33 to inf, some different on each run, with
+    Triton 3.6 on an H100 (b67bb93; not isolated further: Triton has had Hopper wgmma bugs on
+    narrow 16-bit tiles, e.g. triton-lang/triton#7830). The inverse stays on float32 operands
+    whatever the dtype. When the prepare also formed w and u on these operands, on an H100 at
+    16/32 heads of 128 (9901008 against cb5dcc7, one machine, 16k and 64k tokens): the prepare
+    0.72-0.73x its time, the call 0.83-0.85x; the output error fla chunk's (rel_mae 0.00382
+    against its 0.00388 at 4096 tokens, TF32 0.00329). data/bench/h100/README.md.
     """
-    return dot if min(column_piece(k_dim), column_piece(v_dim)) >= 32 else chunk
+    return dot if column_piece(k_dim) >= 32 else chunk
 
 
 def num_warps_for(*tile_elems: int, at: int = 8192) -> int:
@@ -800,33 +773,32 @@ def _launch_options(num_warps: int, num_stages: int | None) -> dict:
 
 def run_prepare_kernel(
     run: ChunkedRun,
-    q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm,
+    q, k, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm,
     num_warps: int | None = None,
     num_stages: int | None = None,
 ):  # fmt: skip
-    """Launch 1, every chunk at once: q's and k's norm factors, gates, w and u into run's scratch.
+    """Launch 1, every chunk at once: q's and k's norm factors, gates, beta and T into run's scratch.
 
-    q, k [T, HK, K] and v [T, HV, V] may be column slices of wider rows (the layer's conv output)
-    with heads and values packed; a and b are [T, HV], or [T, HK, HV // HK] views of an interleaved
-    projection. The launch options are arguments only for the kernel probe
-    (benchmarks/probe_gdn_prefill_kernels.py); the backends use the defaults (`num_warps_for` the
-    tiles, Triton's stages).
+    q and k [T, HK, K] may be column slices of wider rows (the layer's conv output) with heads
+    packed; a and b are [T, HV], or [T, HK, HV // HK] views of an interleaved projection. The
+    launch options are arguments only for the kernel probe (benchmarks/probe_gdn_prefill_kernels.py);
+    the backends use the defaults (`num_warps_for` the tiles, Triton's stages).
     """
     T, HK, K = q.shape
-    HV, V = v.shape[1], v.shape[2]
+    s, bt = run.scratch, run.plan.chunk_size
+    HV = s.gs.shape[1]
     a, b = a.view(T, HK, HV // HK), b.view(T, HK, HV // HK)
-    if q.stride() != k.stride() or q.stride()[1:] != (K, 1) or v.stride()[1:] != (V, 1):
-        raise ValueError(f"q, k and v need packed heads: strides {q.stride()}, {k.stride()}, {v.stride()}")
+    if q.stride() != k.stride() or q.stride()[1:] != (K, 1):
+        raise ValueError(f"q and k need one layout with packed heads: strides {q.stride()}, {k.stride()}")
     if a.stride() != b.stride() or a.stride(2) != 1:
         raise ValueError(f"a and b need one layout with packed heads: strides {a.stride()}, {b.stride()}")
-    s, bt = run.scratch, run.plan.chunk_size
-    warps = num_warps_for(bt * K, bt * V, at=PREPARE_WARPS_AT) if num_warps is None else num_warps
+    warps = num_warps_for(bt * K, at=PREPARE_WARPS_AT) if num_warps is None else num_warps
     _prepare_kernel[(run.plan.max_chunks * HV,)](
-        q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
+        q=q, k=k, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
-        norms=s.norms, ws=s.ws, us=s.us, gs=s.gs, N=slots.numel(),
-        HK=HK, HV=HV, K=K, V=V, BT=bt, KP=column_piece(K), VP=column_piece(V),
-        QK_ROW=q.stride(0), V_ROW=v.stride(0), G_ROW=a.stride(0), G_KH=a.stride(1), L2NORM=use_qk_l2norm,
+        norms=s.norms, ts=s.ts, bs=s.bs, gs=s.gs, N=slots.numel(),
+        HK=HK, HV=HV, K=K, BT=bt, KP=column_piece(K),
+        QK_ROW=q.stride(0), G_ROW=a.stride(0), G_KH=a.stride(1), L2NORM=use_qk_l2norm,
         EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec,
         DOT_DTYPE=run.prep.dtype, DOT_PREC=run.prep.input_precision, **_launch_options(warps, num_stages),
     )  # fmt: skip
@@ -835,6 +807,7 @@ def run_prepare_kernel(
 def run_state_kernel(
     run: ChunkedRun,
     k: torch.Tensor,
+    v: torch.Tensor,
     state: torch.Tensor,
     slots: torch.Tensor,
     cu_seqlens: torch.Tensor,
@@ -843,7 +816,8 @@ def run_state_kernel(
     num_stages: int | None = None,
 ):
     """The state recurrence, segment-parallel: reads and writes state[slots] ([num_slots, HV, V, K]
-    float32, contiguous); k is the prepare's.
+    float32, contiguous); k is the prepare's, v ([T, HV, V]) may be a column slice of wider rows
+    with its heads packed.
 
     The recurrence over a sequence's chunks is affine in the state (S <- A_j S + B_j), so, as in
     the parallel scans of linear recurrences (Blelloch, "Prefix sums and their applications",
@@ -871,14 +845,16 @@ def run_state_kernel(
     (benchmarks/probe_gdn_prefill_kernels.py); the backends use the defaults.
     """
     HV, V, K = state.shape[1:]
+    if v.stride()[1:] != (V, 1):
+        raise ValueError(f"v needs packed heads: strides {v.stride()}")
     s = run.scratch
     bv = state_tile(V, K, block_v)
     segs, n = run.segments, slots.numel()
     args = dict(
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
         seg_cu=None if segs is None else segs.chunk_cu, seg_seq=None if segs is None else segs.chunk_seq,
-        k=k, norms=s.norms, ws=s.ws, us=s.us, vs=s.vs, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
-        N=n, HK=k.shape[1], HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=k.stride(0),
+        k=k, v=v, norms=s.norms, ts=s.ts, bs=s.bs, vs=s.vs, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
+        N=n, HK=k.shape[1], HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=k.stride(0), V_ROW=v.stride(0),
         SEG=run.segment_chunks, DOT_DTYPE=run.dot.dtype, DOT_PREC=run.dot.input_precision,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
@@ -937,8 +913,8 @@ def gdn_prefill_chunked(
     HK, K = q.shape[1], q.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     run = chunked_run(cu_seqlens, out, HK, K, chunk_size, segment_chunks, segment_from)
-    run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm)
-    run_state_kernel(run, k, state, slots, cu_seqlens)
+    run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm)
+    run_state_kernel(run, k, v, state, slots, cu_seqlens)
     run_output_kernel(run, q, k, scale, out, cu_seqlens, slots)
     return out
 

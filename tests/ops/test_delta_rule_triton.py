@@ -114,8 +114,9 @@ def test_plan_chunks_counts_and_owns_every_chunk(device, lengths, sizes):
 
 def test_launches_read_column_views_as_their_copies(device):
     """q, k, v as column slices of one wider row and a, b interleaved per key head ([b (R) | a (R)],
-    as gdn_layer_prefill's projection): the prepare's scratch, the state launch's state and the
-    output launch's output (both read q and k as given) equal theirs on contiguous copies."""
+    as gdn_layer_prefill's projection): the prepare's scratch, the state launch's v_new and state
+    (it reads k and v as given) and the output launch's output (q and k) equal theirs on
+    contiguous copies."""
     hk, hv, d, lengths = 2, 4, 32, [70, 1, 33]  # 32 columns: the prepare's two 16-column pieces
     r, T = hv // hk, sum(lengths)
     g = torch.Generator().manual_seed(0)
@@ -135,50 +136,53 @@ def test_launches_read_column_views_as_their_copies(device):
     for args in ((q, k, v, a, b), copied):
         out, state = torch.empty(T, hv, d, dtype=torch.bfloat16, device=device), pool.clone()
         run = chunked_run(cu, out, hk, d, 64)
-        run_prepare_kernel(run, *args, A_log, dt_bias, cu, slots, True)
-        scratch = [getattr(run.scratch, f).clone() for f in ("norms", "ws", "us", "gs")]  # us: v_new after the state
-        run_state_kernel(run, args[1], state, slots, cu)
-        run_output_kernel(run, args[0], args[1], d**-0.5, out, cu, slots)
+        qa, ka, va, aa, ba = args
+        run_prepare_kernel(run, qa, ka, aa, ba, A_log, dt_bias, cu, slots, True)
+        run_state_kernel(run, ka, va, state, slots, cu)
+        scratch = [getattr(run.scratch, f).clone() for f in ("norms", "ts", "bs", "gs", "vs")]
+        run_output_kernel(run, qa, ka, d**-0.5, out, cu, slots)
         results.append([*scratch, state, out])
-    assert not q.is_contiguous() and b.stride() == (hk * 2 * r, 2 * r, 1)
-    for name, viewed, plain in zip(("norms", "ws", "us", "gs", "state", "out"), *results):
+    assert not q.is_contiguous() and not v.is_contiguous() and b.stride() == (hk * 2 * r, 2 * r, 1)
+    for name, viewed, plain in zip(("norms", "ts", "bs", "gs", "vs", "state", "out"), *results):
         assert torch.equal(viewed, plain), f"{name} differs between the views and their copies"
     spread = wide[:, : 2 * hk * d].view(T, hk, 2 * d)[..., :d]  # heads 2d apart: not packed
     with pytest.raises(ValueError, match="packed heads"):
-        run_prepare_kernel(run, spread, k, v, a, b, A_log, dt_bias, cu, slots, True)
+        run_prepare_kernel(run, spread, k, a, b, A_log, dt_bias, cu, slots, True)
+    with pytest.raises(ValueError, match="v needs packed heads"):
+        run_state_kernel(run, k, wide[:, : 2 * hv * d].view(T, hv, 2 * d)[..., :d], state, slots, cu)
 
 
 @pytest.mark.parametrize("d", [16, 32, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_chunk_dots_take_bf16_operands_only_for_bf16_inputs_on_a_gpu(device, dtype, d):
     """bf16 inputs on a GPU: bf16 operands at Triton's default precision in the recurrence and the
-    output, and in the prepare from head dim 64 on (u then stored in bf16); fp16 and float32
-    inputs, and every input under the interpreter: the float32 operands of the prepare's inverse."""
+    output (T, v_new and the chunk states stored in bf16), and in the prepare's k k^T from head
+    dim 64 on; fp16 and float32 inputs, and every input under the interpreter: the float32
+    operands of the prepare's inverse."""
     cu = torch.tensor([0, 70], dtype=torch.int32, device=device)
     run = chunked_run(cu, torch.empty(70, 2, d, dtype=dtype, device=device), 1, d, 64)
     narrow = dtype == torch.bfloat16 and not interpreting()
     f32, bf16 = (tl.float32, run.prec), (tl.bfloat16, None)
     assert (run.dot.dtype, run.dot.input_precision) == (bf16 if narrow else f32)
     assert (run.prep.dtype, run.prep.input_precision) == (bf16 if narrow and d >= 64 else f32)
-    assert run.scratch.us.dtype == (torch.bfloat16 if narrow and d >= 64 else torch.float32)
+    s = run.scratch
+    assert s.ts.dtype == s.vs.dtype == s.hs.dtype == (torch.bfloat16 if narrow else torch.float32)
+    assert s.ts.shape == (70, 2, 64) and s.bs.dtype == s.gs.dtype == s.norms.dtype == torch.float32
 
 
 def _with_operand_scratch(run, dtype: torch.dtype):
-    """run on bf16 dots with w, v_new and the chunk states kept in dtype (float32: v_new over u)."""
+    """run on bf16 dots with T, v_new and the chunk states kept in dtype."""
     s = run.scratch
-    vs = s.us if dtype == torch.float32 else torch.empty_like(s.us, dtype=dtype)
-    scratch = dataclasses.replace(
-        s, ws=torch.empty_like(s.ws, dtype=dtype), vs=vs, hs=torch.empty_like(s.hs, dtype=dtype)
-    )
+    scratch = dataclasses.replace(s, **{f: torch.empty_like(getattr(s, f), dtype=dtype) for f in ("ts", "vs", "hs")})
     return dataclasses.replace(run, dot=DotPrecision(tl.bfloat16, None), scratch=scratch)
 
 
 def test_scratch_on_the_operand_grid_gives_the_float32_scratch_bits(device):
-    """The prepare stores w, and the state launch v_new and the chunk states, rounded to the bf16
+    """The prepare stores T, and the state launch v_new and the chunk states, rounded to the bf16
     operands of the dots that read them, as those dots would round them: the output and the pool
     states equal theirs over float32 scratch, bit for bit, over sequences of one chunk, several,
     and a partial last one. The default run keeps that scratch in bf16 exactly where its dots are
-    bf16 (bf16 inputs on a GPU), and u in float32."""
+    bf16 (bf16 inputs on a GPU)."""
     hk, hv, d, lengths = 1, 2, 32, [70, 5, 130]
     T = sum(lengths)
     g = torch.Generator().manual_seed(1)
@@ -194,12 +198,10 @@ def test_scratch_on_the_operand_grid_gives_the_float32_scratch_bits(device):
         out, state = torch.empty(T, hv, d, dtype=torch.bfloat16, device=device), pool.clone()
         default = chunked_run(cu, out, hk, d, 64)
         operand = torch.float32 if default.dot.dtype == tl.float32 else torch.bfloat16
-        assert default.scratch.ws.dtype == default.scratch.vs.dtype == default.scratch.hs.dtype == operand
-        assert default.scratch.us.dtype == torch.float32
-        assert (default.scratch.vs is default.scratch.us) == (operand == torch.float32)
+        assert default.scratch.ts.dtype == default.scratch.vs.dtype == default.scratch.hs.dtype == operand
         run = _with_operand_scratch(default, dtype)
-        run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu, slots, True)
-        run_state_kernel(run, k, state, slots, cu)
+        run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu, slots, True)
+        run_state_kernel(run, k, v, state, slots, cu)
         run_output_kernel(run, q, k, d**-0.5, out, cu, slots)
         results.append((out, state))
     (out_h, state_h), (out_f, state_f) = results

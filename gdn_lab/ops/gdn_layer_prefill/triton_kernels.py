@@ -8,8 +8,9 @@ launches) between the layer's own first and last launches:
    (`_conv_silu_rows`; `_conv_silu_tile` under the interpreter), stored in the input dtype as
    [q of every key head | k | v of every value head];
 2. `run_prepare_kernel` on column views of that output and of the interleaved b/a: gates, L2 norm
-   and the chunk factors; `run_state_kernel`: reads and writes the delta-state slot;
-   `run_output_kernel`: the delta rule's output in float32, over its u scratch;
+   and the chunk factors; `run_state_kernel` (reading v's column view): reads and writes the
+   delta-state slot; `run_output_kernel`: the delta rule's output in float32, over its v_new
+   scratch where that is float32;
 3. `_layer_norm_kernel` (per chunk and value head, or per group of heads sharing an fp8 group):
    gated RMSNorm with z, the store in the input dtype, group-128 fp8 with float32 scales, and, in
    each sequence's last chunk, the conv-state update (`_conv_state_update`, after every launch-1
@@ -438,11 +439,11 @@ def gdn_layer_prefill_fused(
     q, k = mixed[:, : HK * D].view(T, HK, D), mixed[:, HK * D : 2 * HK * D].view(T, HK, D)
     v = mixed[:, 2 * HK * D :].view(T, HV, D)
     b, a = ba[..., : HV // HK], ba[..., HV // HK :]
-    run_prepare_kernel(run, q, k, v, a, b, A_log, dt_bias, cu_seqlens, cache_indices, True)
-    run_state_kernel(run, k, delta_state, cache_indices, cu_seqlens)
-    # the delta rule's output in float32, over u where u is float32 (where v_new is kept there, on
-    # float32 operands, each output program reads only the rows and values it overwrites)
-    o32 = s.us if s.us.dtype == torch.float32 else torch.empty(T, HV, D, dtype=torch.float32, device=device)
+    run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu_seqlens, cache_indices, True)
+    run_state_kernel(run, k, v, delta_state, cache_indices, cu_seqlens)
+    # the delta rule's output in float32, over v_new where v_new is float32 (on float32 operands):
+    # each output program reads only the rows and values it overwrites, and reads them first
+    o32 = s.vs if s.vs.dtype == torch.float32 else torch.empty(T, HV, D, dtype=torch.float32, device=device)
     run_output_kernel(run, q, k, D**-0.5, o32, cu_seqlens, cache_indices)
     # the norm launch at 4 warps (its tiles are [BT, V]; 8 was not compared on the H200)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
