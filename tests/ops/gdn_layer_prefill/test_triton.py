@@ -11,7 +11,7 @@ import torch
 
 from gdn_lab.device import detect, fp8_dtypes_for
 from gdn_lab.ops import spec
-from gdn_lab.quant import FP8_GROUP, quantize_groups
+from gdn_lab.quant import quantize_groups
 from gdn_lab.routing import decide, get
 
 layer_prefill = spec.get("gdn_layer_prefill")
@@ -74,14 +74,6 @@ def check_fp8(normalized, quantized, scales, fp8_dtype):
     assert torch.equal(scales, s)
 
 
-def group_max_ulps(normalized: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Per group of 128 (one fp8 scale each), how far our largest |value| is from the reference's, in bf16 ulps
-    of the reference's: both are bf16, so a scale can only move by whole ulps of its group's max."""
-    ours, theirs = (x.reshape(x.shape[0], -1, FP8_GROUP).abs().amax(-1).float() for x in (normalized, ref))
-    _, exponent = torch.frexp(theirs)  # theirs = m * 2**exponent, m in [0.5, 1): bf16 keeps 8 significant bits
-    return (ours - theirs).abs() / torch.ldexp(torch.ones_like(theirs), exponent - 8)
-
-
 CASES = [
     # hk, hv, d, lengths, slots, has_initial_state, quantize, fp8 dtype, conv bias
     pytest.param(
@@ -129,25 +121,45 @@ def test_fp32_matches_the_unfused_chain(hk, hv, d, lengths, slots, has_init, qua
             assert norm[cu[i] : cu[i + 1]].eq(0).all()
 
 
+def drawn_workload(seed: int) -> tuple[list[int], list[int], list[int], list[bool]]:
+    """Seeds, lengths (1-140: both sides of the 64-token chunk), slots and has-initial-state of 2-4 sequences,
+    drawn from `seed` alone."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(2, 5, (1,), generator=g))
+    lengths = torch.randint(1, 141, (n,), generator=g).tolist()
+    slots = torch.randperm(n, generator=g).tolist()
+    has_init = (torch.rand(n, generator=g) < 0.5).tolist()
+    return [seed * 10 + i for i in range(n)], lengths, slots, has_init
+
+
+BF16_WORKLOADS = [
+    pytest.param(([3, 4], [9, 70], [1, 0], [True, False]), id="fixed"),
+    *(pytest.param(drawn_workload(seed), id=f"drawn{seed}") for seed in (11, 12)),
+]
+
+
+@pytest.mark.parametrize("workload", BF16_WORKLOADS)
 @pytest.mark.parametrize("hk,hv,d", [(2, 4, 32), (1, 2, 64)], ids=["d32", "d64"])
-def test_bf16_close_to_the_unfused_chain(hk, hv, d, device):
-    """bf16 activations, fp8 on: relMAE <= 1e-2 (on a GPU the delta rule's dots on bf16 operands
-    but the prepare's at d 32, and its float32 output in its own buffer at d 64, where T is bf16);
-    conv state exact; fp8 exact of our output, each group's max (its scale) within 2 bf16 ulps of
-    the reference's: on an H100 the T-only prepare (f3a186c) put one group of 79 two ulps off (1.14 %,
-    the old check's rtol 1e-2 failed; e37fdf8's w-and-u prepare had passed it). Not yet run on a GPU."""
-    args = layer_args(
-        [3, 4], [9, 70], [1, 0], [True, False], device, hk=hk, hv=hv, d=d, dtype=torch.bfloat16, quantize_fp8=True
-    )
-    fp8 = args["fp8_dtype"]
+def test_bf16_close_to_the_unfused_chain(hk, hv, d, workload, device):
+    """bf16 activations, fp8 on: output, delta state and fp8 scales each within relMAE 1e-2 of the float32
+    torch chain (on a GPU the delta rule's dots take bf16 operands but the prepare's at d 32, whose T is bf16
+    at d 64); conv state exact; fp8 exact of our own output.
+
+    The scales are bounded on average, like the output, not one by one: a scale is its group's max / 448, and on
+    an H100 over 60 workloads like these a few groups of ~4,500 had their max 6-10 bf16 ulps (up to ~4 %) from
+    the reference's, with the T-only prepare (4ec52f1) and e37fdf8's w-and-u prepare alike."""
+    seeds, lengths, slots, has_init = workload
+    args = layer_args(seeds, lengths, slots, has_init, device, hk=hk, hv=hv, d=d, dtype=torch.bfloat16,
+                      quantize_fp8=True)  # fmt: skip
     (norm, quant, scales), conv, delta = run("triton-fused", args)
     (ref_norm, _, ref_scales), ref_conv, ref_delta = run("torch", args)
     assert norm.dtype == torch.bfloat16
+    owned = sorted(slots)
     assert rel_mae(norm, ref_norm) <= 1e-2
-    assert rel_mae(delta[:2], ref_delta[:2]) <= 1e-2
-    assert torch.equal(conv[:2], ref_conv[:2])
-    check_fp8(norm, quant, scales, fp8)
-    assert group_max_ulps(norm, ref_norm).max() <= 2
+    assert rel_mae(delta[owned], ref_delta[owned]) <= 1e-2
+    assert torch.equal(conv[owned], ref_conv[owned])
+    check_fp8(norm, quant, scales, args["fp8_dtype"])
+    assert rel_mae(scales, ref_scales) <= 1e-2
 
 
 TARGET_SEED, TARGET_LEN = 99, 130
