@@ -142,8 +142,8 @@ BF16_WORKLOADS = [
 @pytest.mark.parametrize("hk,hv,d", [(2, 4, 32), (1, 2, 64)], ids=["d32", "d64"])
 def test_bf16_close_to_the_unfused_chain(hk, hv, d, workload, device):
     """bf16 activations, fp8 on: output, delta state and fp8 scales each within relMAE 1e-2 of the float32
-    torch chain (on a GPU the delta rule's dots take bf16 operands but the prepare's at d 32, whose T is bf16
-    at d 64); conv state exact; fp8 exact of our own output.
+    torch chain (on a GPU the delta rule's dots take bf16 operands, but the prepare's k k^T at d 32 float32
+    ones; T, v_new and the chunk states are stored in bf16); conv state exact; fp8 exact of our own output.
 
     The scales are bounded on average, like the output, not one by one: a scale is its group's max / 448, and on
     an H100 over 60 workloads like these a few groups of ~4,500 had their max 6-10 bf16 ulps (up to ~4 %) from
