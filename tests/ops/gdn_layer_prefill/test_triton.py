@@ -154,10 +154,9 @@ def test_bf16_close_to_the_unfused_chain(hk, hv, d, workload, device):
     (norm, quant, scales), conv, delta = run("triton-fused", args)
     (ref_norm, _, ref_scales), ref_conv, ref_delta = run("torch", args)
     assert norm.dtype == torch.bfloat16
-    owned = sorted(slots)
     assert rel_mae(norm, ref_norm) <= 1e-2
-    assert rel_mae(delta[owned], ref_delta[owned]) <= 1e-2
-    assert torch.equal(conv[owned], ref_conv[owned])
+    assert rel_mae(delta[slots], ref_delta[slots]) <= 1e-2
+    assert torch.equal(conv[slots], ref_conv[slots])
     check_fp8(norm, quant, scales, args["fp8_dtype"])
     assert rel_mae(scales, ref_scales) <= 1e-2
 
