@@ -52,9 +52,7 @@ instead of 32).
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -217,7 +215,7 @@ def normalized_rows(
 # --- kernels -----------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["N", "C_LO"])  # one compiled kernel for every batch size and piece
+@triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
 def _prepare_kernel(
     q,
     k,
@@ -234,7 +232,6 @@ def _prepare_kernel(
     bs,
     gs,
     N,
-    C_LO,
     HK: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -250,7 +247,7 @@ def _prepare_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """One program per (chunk, value head), chunks from C_LO on; k in pieces of KP columns (`column_piece`). k k^T is a
+    """One program per (chunk, value head); k in pieces of KP columns (`column_piece`). k k^T is a
     dot on DOT_DTYPE operands at DOT_PREC (`ChunkedRun.prep`), the inverse's on float32 operands
     at PREC. Stores T's rows in ts's dtype (the state launch's dot operand) and beta.
 
@@ -258,7 +255,6 @@ def _prepare_kernel(
     head h // R at row * G_ROW + (h // R) * G_KH + h % R.
     """
     _, i_h, i_c = tile_head_item(1, HV)  # the R value heads of a key head read its k rows in turn
-    i_c += C_LO
     n = tl.load(chunk_seq + i_c)
     if n >= N:  # past the last chunk (the grid is an upper bound)
         return
@@ -303,7 +299,7 @@ def _prepare_kernel(
         tl.store(p_norms + 1, r_k, mask=m_t)
 
 
-@triton.jit(do_not_specialize=["N", "C_LO", "C_HI"])  # one compiled kernel for every batch size and piece
+@triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
 def _state_kernel(
     state,
     slots,
@@ -321,10 +317,7 @@ def _state_kernel(
     hs,
     trans,
     starts,
-    carry,
     N,
-    C_LO,
-    C_HI,
     HK: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -337,7 +330,6 @@ def _state_kernel(
     SEG: tl.constexpr,
     TRANSFER: tl.constexpr,
     FROM_POOL: tl.constexpr,
-    PIECE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
@@ -357,10 +349,6 @@ def _state_kernel(
     A segment is SEG chunks, the last one the rest of its sequence. FROM_POOL: no sequence of the
     call is cut (seg_cu, seg_seq, trans and starts unused): program i_s is sequence i_s, from its
     pool state; the same values as through starts, one launch fewer.
-    PIECE (with FROM_POOL): only the sequence's chunks among the call's chunks [C_LO, C_HI), from
-    carry[n] (float32, [N, HV, V, K] as the pool), the state after them into carry[n], or into
-    the pool after the sequence's last chunk (`run_chunk_launches`); each chunk's step is the same
-    code on the same float32 state, so a call's bits do not depend on its pieces.
     """
     i_v, i_h, i_s = tile_head_item(NV, HV)  # NV tiles of S's columns, or of [S | X]'s
     if FROM_POOL:
@@ -384,11 +372,6 @@ def _state_kernel(
         s0 = tl.load(seg_cu + n).to(tl.int64)
         n_segs = tl.load(seg_cu + n + 1).to(tl.int64) - s0
     s = i_s - s0
-    if PIECE:
-        j_first = tl.maximum(C_LO - c0, 0)
-        j_end = tl.minimum(C_HI - c0, n_chunks)
-        if j_first >= j_end:  # none of the sequence's chunks in this piece
-            return
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, BT)
     o_c = i_v * BV + tl.arange(0, BV)  # the columns this program owns (of S, or of [S | X])
@@ -397,19 +380,14 @@ def _state_kernel(
         if s == n_segs - 1:  # the last segment's map is never used
             return
         b_S = tl.where(o_k[:, None] == o_c[None, :] - V, 1.0, 0.0)  # 0 on S's columns, I on X's
-    elif PIECE:
-        p_carry = carry + (n.to(tl.int64) * HV + i_h) * (V * K) + o_c[None, :] * K + o_k[:, None]
-        b_S = tl.load(p_carry)
     elif FROM_POOL:
         b_S = tl.load(p_pool)
     else:
         # always from starts: a choice between the pool and starts (an if block, or two masked
         # loads and a select) made the serial recurrence 11-29 % slower on the H200
         b_S = tl.load(starts + ((s0 + s) * HV + i_h) * (K * V) + o_k[:, None] * V + o_c[None, :])
-    if not PIECE:
-        j_first = s * SEG
-        j_end = tl.where(s == n_segs - 1, n_chunks, s * SEG + SEG)
-    for j in range(j_first, j_end):
+    j_end = tl.where(s == n_segs - 1, n_chunks, s * SEG + SEG)
+    for j in range(s * SEG, j_end):
         rows = bos + j * BT + o_t
         m_t = rows < eos
         if not TRANSFER:
@@ -443,11 +421,6 @@ def _state_kernel(
         b_S = b_S * tl.exp(g_last) + b_kv
     if TRANSFER:
         tl.store(trans + ((s0 + s) * HV + i_h) * (K * (V + K)) + o_k[:, None] * (V + K) + o_c[None, :], b_S)
-    elif PIECE:
-        if j_end == n_chunks:
-            tl.store(p_pool, b_S)
-        else:
-            tl.store(p_carry, b_S)
     elif s == n_segs - 1:
         tl.store(p_pool, b_S)
 
@@ -478,7 +451,7 @@ def _segment_starts_kernel(
             b_S = tl.dot(b_M, b_S, input_precision=PREC) + tl.load(p_map + o_v[None, :])
 
 
-@triton.jit(do_not_specialize=["N", "C_LO"])  # one compiled kernel for every batch size and piece
+@triton.jit(do_not_specialize=["N"])  # one compiled kernel for every batch size
 def _output_kernel(
     q,
     k,
@@ -493,7 +466,6 @@ def _output_kernel(
     cu_seqlens,
     slots,
     N,
-    C_LO,
     HK: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -508,7 +480,6 @@ def _output_kernel(
     PREC: tl.constexpr,
 ):
     i_v, i_h, i_c = tile_head_item(V // BV, HV)  # a key head's R * V / BV programs read its q and k rows in turn
-    i_c += C_LO  # chunks from C_LO on (a piece of a pipelined call)
     n = tl.load(chunk_seq + i_c)
     if n >= N:
         return
@@ -805,10 +776,8 @@ def run_prepare_kernel(
     q, k, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    chunks: tuple[int, int] | None = None,
 ):  # fmt: skip
-    """Launch 1, every chunk at once (or the plan's chunks [lo, hi) given as `chunks`): q's and k's
-    norm factors, gates, beta and T into run's scratch.
+    """Launch 1, every chunk at once: q's and k's norm factors, gates, beta and T into run's scratch.
 
     q and k [T, HK, K] may be column slices of wider rows (the layer's conv output) with heads
     packed; a and b are [T, HV], or [T, HK, HV // HK] views of an interleaved projection. The
@@ -824,11 +793,10 @@ def run_prepare_kernel(
     if a.stride() != b.stride() or a.stride(2) != 1:
         raise ValueError(f"a and b need one layout with packed heads: strides {a.stride()}, {b.stride()}")
     warps = num_warps_for(bt * K, at=PREPARE_WARPS_AT) if num_warps is None else num_warps
-    lo, hi = chunks or (0, run.plan.max_chunks)
-    _prepare_kernel[((hi - lo) * HV,)](
+    _prepare_kernel[(run.plan.max_chunks * HV,)](
         q=q, k=k, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
-        norms=s.norms, ts=s.ts, bs=s.bs, gs=s.gs, N=slots.numel(), C_LO=lo,
+        norms=s.norms, ts=s.ts, bs=s.bs, gs=s.gs, N=slots.numel(),
         HK=HK, HV=HV, K=K, BT=bt, KP=column_piece(K),
         QK_ROW=q.stride(0), G_ROW=a.stride(0), G_KH=a.stride(1), L2NORM=use_qk_l2norm,
         EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec,
@@ -846,13 +814,10 @@ def run_state_kernel(
     block_v: int = STATE_BLOCK_V,
     num_warps: int = 4,
     num_stages: int | None = None,
-    piece: tuple[int, int, torch.Tensor] | None = None,
 ):
     """The state recurrence, segment-parallel: reads and writes state[slots] ([num_slots, HV, V, K]
     float32, contiguous); k is the prepare's, v ([T, HV, V]) may be a column slice of wider rows
-    with its heads packed. `piece` (lo, hi, carry), for a call no sequence of which is cut: only
-    the plan's chunks [lo, hi), each sequence from and into carry ([N, HV, V, K] float32) unless
-    its last chunk is among them (then into the pool; `run_chunk_launches`).
+    with its heads packed.
 
     The recurrence over a sequence's chunks is affine in the state (S <- A_j S + B_j), so, as in
     the parallel scans of linear recurrences (Blelloch, "Prefix sums and their applications",
@@ -889,18 +854,14 @@ def run_state_kernel(
         state=state, slots=slots, cu_seqlens=cu_seqlens, chunk_cu=run.plan.chunk_cu,
         seg_cu=None if segs is None else segs.chunk_cu, seg_seq=None if segs is None else segs.chunk_seq,
         k=k, v=v, norms=s.norms, ts=s.ts, bs=s.bs, vs=s.vs, gs=s.gs, hs=s.hs, trans=s.trans, starts=s.starts,
-        carry=state if piece is None else piece[2], C_LO=0 if piece is None else piece[0],
-        C_HI=0 if piece is None else piece[1], N=n, HK=k.shape[1], HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=k.stride(0), V_ROW=v.stride(0),
+        N=n, HK=k.shape[1], HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=k.stride(0), V_ROW=v.stride(0),
         SEG=run.segment_chunks, DOT_DTYPE=run.dot.dtype, DOT_PREC=run.dot.input_precision,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
     nv, nv_maps = V // bv, (V + K) // bv  # the V tiles of S, and of a map's [S | X]
     if segs is None:
-        _state_kernel[(n * HV * nv,)](**args, NV=nv, TRANSFER=False, FROM_POOL=True, PIECE=piece is not None)
+        _state_kernel[(n * HV * nv,)](**args, NV=nv, TRANSFER=False, FROM_POOL=True)
         return
-    if piece is not None:
-        raise ValueError("run_state_kernel: a piece of a call whose sequences are cut into segments")
-    args["PIECE"] = False
     _state_kernel[(segs.max_chunks * HV * nv_maps,)](**args, NV=nv_maps, TRANSFER=True, FROM_POOL=False)
     _segment_starts_kernel[(n * HV * nv,)](
         state=state, slots=slots, seg_cu=segs.chunk_cu, trans=s.trans, starts=s.starts,
@@ -920,98 +881,21 @@ def run_output_kernel(
     block_v: int = OUTPUT_BLOCK_V,
     num_warps: int = OUTPUT_WARPS,
     num_stages: int | None = None,
-    chunks: tuple[int, int] | None = None,
 ):
-    """Launch 3, every chunk and V tile at once (or the plan's chunks [lo, hi) given as `chunks`):
-    out ([T, HV, V]) from the prepare's q and k (q times `scale` after its norm), run's scratch and
-    chunk states. The tile and launch options are for the kernel probe, as `run_prepare_kernel`'s."""
+    """Launch 3, every chunk and V tile at once: out ([T, HV, V]) from the prepare's q and k (q
+    times `scale` after its norm), run's scratch and chunk states. The tile and launch options are
+    for the kernel probe, as `run_prepare_kernel`'s."""
     HV, V = out.shape[1], out.shape[2]
     HK, K = q.shape[1], q.shape[2]
     s = run.scratch
     bv = min(V, block_v)
-    lo, hi = chunks or (0, run.plan.max_chunks)
-    _output_kernel[((hi - lo) * HV * (V // bv),)](
+    _output_kernel[(run.plan.max_chunks * HV * (V // bv),)](
         q=q, k=k, norms=s.norms, scale=scale, vs=s.vs, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
-        C_LO=lo, HK=HK, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=q.stride(0), **grid_args("IO", out.dtype),
+        HK=HK, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=q.stride(0), **grid_args("IO", out.dtype),
         DOT_DTYPE=run.dot.dtype, PREC=run.dot.input_precision,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
-
-
-# A call whose recurrence is one launch (no sequence cut) runs on a GPU in pieces of the plan's
-# chunks, the recurrence on a stream of its own: it steps through piece i while the prepare of the
-# later pieces and the output of the earlier ones run beside it. At one sequence of 16/32 heads the
-# recurrence is 128 programs on 132 SMs, latency-bound, and the chunk-parallel launches waited for
-# it. Each piece's recurrence starts from the float32 state the last one left (`_state_kernel`,
-# PIECE), so a call's bits are the same whatever its pieces.
-PIPELINE_PIECES = 8  # pieces of a pipelined call at most
-PIECE_MIN_CHUNKS = 32  # chunks of a piece at least: shorter calls run whole
-
-
-Launch = Callable[[tuple[int, int] | None], None]
-
-
-def pipeline_pieces(run: ChunkedRun, device: torch.device, pieces: int | None = None) -> list[tuple[int, int]]:
-    """The plan's chunk ranges the call's launches run in: [(0, max_chunks)] unless pipelined.
-    `pieces` None: the default, PIPELINE_PIECES at most, of PIECE_MIN_CHUNKS chunks at least, on
-    CUDA (or HIP) devices only; the tests give other counts (any count gives the same bits)."""
-    m = run.plan.max_chunks
-    if pieces is None:
-        pieces = min(PIPELINE_PIECES, m // PIECE_MIN_CHUNKS) if device.type == "cuda" else 1
-    if run.segments is not None or pieces < 2:
-        return [(0, m)]
-    size = -(-m // pieces)
-    return [(lo, min(lo + size, m)) for lo in range(0, m, size)]
-
-
-@functools.cache
-def _recurrence_stream(device: torch.device) -> torch.cuda.Stream:
-    # the highest priority: the next piece's recurrence is scheduled before the waiting blocks of
-    # the chunk-parallel launches, which would otherwise hold every SM
-    return torch.cuda.Stream(device, priority=-(1 << 10))
-
-
-def run_chunk_launches(
-    run: ChunkedRun,
-    state: torch.Tensor,
-    slots: torch.Tensor,
-    prepare: Launch,
-    recurrence: Callable[[tuple[int, int, torch.Tensor] | None], None],
-    output: Launch,
-    pieces: int | None = None,
-) -> None:
-    """The prepare, state and output launches of a call (each given the chunk range it runs, or
-    None for all; the recurrence a (lo, hi, carry) piece), pipelined per `pipeline_pieces`.
-
-    On CUDA the prepares and outputs run on the caller's stream, the recurrence on its own, each
-    piece's after its prepare and before its output (events), and the caller's stream waits for
-    the last one. Elsewhere the pieces run one after another (the interpreter's test of the bits).
-    """
-    ranges = pipeline_pieces(run, state.device, pieces)
-    if len(ranges) == 1:
-        prepare(None)
-        recurrence(None)
-        output(None)
-        return
-    carry = state[slots.clamp(min=0).long()]  # each sequence's state between its pieces (float32)
-    if state.device.type != "cuda":
-        for lo, hi in ranges:
-            prepare((lo, hi))
-            recurrence((lo, hi, carry))
-            output((lo, hi))
-        return
-    main, rec = torch.cuda.current_stream(state.device), _recurrence_stream(state.device)
-    prepared = []
-    for r in ranges:
-        prepare(r)
-        prepared.append(main.record_event())
-    for (lo, hi), event in zip(ranges, prepared, strict=True):
-        rec.wait_event(event)
-        with torch.cuda.stream(rec):
-            recurrence((lo, hi, carry))
-        main.wait_event(rec.record_event())
-        output((lo, hi))
 
 
 def gdn_prefill_chunked(
@@ -1019,25 +903,19 @@ def gdn_prefill_chunked(
     chunk_size: int = CHUNK_SIZE,
     segment_chunks: int = SEGMENT_CHUNKS,
     segment_from: int | None = None,
-    pieces: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """gdn_prefill with the chunked kernels (arguments as gdn_prefill's validate()); returns [T, HV, V].
 
     state ([num_slots, HV, V, K] float32, contiguous) is updated in place at `slots`. The backends
-    use the default chunk and segment sizes and pieces (`pipeline_pieces`); the tests shrink the
-    segment to reach it on tiny shapes, and give pieces to compare their bits.
+    use the default chunk and segment sizes; the tests shrink the segment to reach it on tiny shapes.
     """
     q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     HK, K = q.shape[1], q.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     run = chunked_run(cu_seqlens, out, HK, K, chunk_size, segment_chunks, segment_from)
-    run_chunk_launches(
-        run, state, slots,
-        lambda chunks: run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm, chunks=chunks),
-        lambda piece: run_state_kernel(run, k, v, state, slots, cu_seqlens, piece=piece),
-        lambda chunks: run_output_kernel(run, q, k, scale, out, cu_seqlens, slots, chunks=chunks),
-        pieces,
-    )  # fmt: skip
+    run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm)
+    run_state_kernel(run, k, v, state, slots, cu_seqlens)
+    run_output_kernel(run, q, k, scale, out, cu_seqlens, slots)
     return out
 
 

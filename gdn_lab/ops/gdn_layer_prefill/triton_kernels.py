@@ -39,7 +39,6 @@ from gdn_lab.ops.delta_rule_triton import (
     SEGMENT_CHUNKS,
     chunk_rows,
     chunked_run,
-    run_chunk_launches,
     run_output_kernel,
     run_prepare_kernel,
     run_state_kernel,
@@ -411,12 +410,10 @@ def gdn_layer_prefill_fused(
     chunk_size: int = CHUNK_SIZE,
     segment_chunks: int = SEGMENT_CHUNKS,
     segment_from: int | None = None,
-    pieces: int | None = None,
 ):
     """gdn_layer_prefill (arguments as its validate() returns them: vectors contiguous) with the
-    fused kernels; chunk 64, the state recurrence's default segments for the shape
-    (`run_state_kernel`) and the default pipeline pieces (`run_chunk_launches`) unless given (the
-    controls change the first two, the tests the pieces).
+    fused kernels; chunk 64 and the state recurrence's default segments for the shape
+    (`run_state_kernel`) unless given (the controls change them).
 
     conv_state and delta_state (contiguous) are updated in place at cache_indices.
 
@@ -442,16 +439,12 @@ def gdn_layer_prefill_fused(
     q, k = mixed[:, : HK * D].view(T, HK, D), mixed[:, HK * D : 2 * HK * D].view(T, HK, D)
     v = mixed[:, 2 * HK * D :].view(T, HV, D)
     b, a = ba[..., : HV // HK], ba[..., HV // HK :]
+    run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu_seqlens, cache_indices, True)
+    run_state_kernel(run, k, v, delta_state, cache_indices, cu_seqlens)
     # the delta rule's output in float32, over v_new where v_new is float32 (on float32 operands):
     # each output program reads only the rows and values it overwrites, and reads them first
     o32 = s.vs if s.vs.dtype == torch.float32 else torch.empty(T, HV, D, dtype=torch.float32, device=device)
-    run_chunk_launches(
-        run, delta_state, cache_indices,
-        lambda chunks: run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu_seqlens, cache_indices, True, chunks=chunks),
-        lambda piece: run_state_kernel(run, k, v, delta_state, cache_indices, cu_seqlens, piece=piece),
-        lambda chunks: run_output_kernel(run, q, k, D**-0.5, o32, cu_seqlens, cache_indices, chunks=chunks),
-        pieces,
-    )  # fmt: skip
+    run_output_kernel(run, q, k, D**-0.5, o32, cu_seqlens, cache_indices)
     # the norm launch at 4 warps (its tiles are [BT, V]; 8 was not compared on the H200)
     heads_per_group = max(1, FP8_GROUP // D) if quantize_fp8 else 1
     f8 = grid_of(fp8_dtype if quantize_fp8 else torch.float8_e4m3fn)

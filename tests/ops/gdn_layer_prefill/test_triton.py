@@ -161,29 +161,6 @@ def test_bf16_close_to_the_unfused_chain(hk, hv, d, workload, device):
     assert rel_mae(scales, ref_scales) <= 1e-2
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_pipelined_pieces_keep_the_bits(dtype, device):
-    """The layer run in pieces of its chunks (`run_chunk_launches`; chunks of 16 here) stores the bits of one
-    launch each: output, fp8 and scales, conv and delta states, on a drawn workload (in float32 the output
-    launch writes over v_new, piece by piece)."""
-    from gdn_lab.ops.gdn_layer_prefill.triton_kernels import gdn_layer_prefill_fused
-
-    seeds, lengths, slots, has_init = drawn_workload(13)
-    args = layer_args(seeds, lengths, slots, has_init, device, hk=1, hv=2, d=64, dtype=dtype, quantize_fp8=True)
-
-    def call(pieces):
-        mine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-        outs = gdn_layer_prefill_fused(**mine, chunk_size=16, pieces=pieces)
-        return [*outs, mine["conv_state"][slots], mine["delta_state"][slots]]
-
-    whole = call(1)
-    for pieces in (2, 5, sum(lengths)):
-        got = call(pieces)
-        assert all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(got, whole)), (
-            f"{pieces} pieces"
-        )
-
-
 TARGET_SEED, TARGET_LEN = 99, 130
 BATCHES = [  # (seeds, lengths, slots, has_initial_state, target position)
     ([5, TARGET_SEED, 6], [7, TARGET_LEN, 40], [2, 0, 1], [False, True, True], 1),

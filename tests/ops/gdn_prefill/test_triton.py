@@ -216,60 +216,6 @@ def test_segment_parallel_recurrence_is_bitwise_alone_vs_batched(device, target)
         assert torch.equal(out, alone_out) and torch.equal(state, alone_state)
 
 
-def drawn_batch(seed: int) -> tuple[list[int], list[int]]:
-    """Lengths (1-150: one chunk of 16 to ten) and slots (a random permutation, one a padding row) of
-    3-6 sequences, drawn from `seed` alone."""
-    g = torch.Generator().manual_seed(seed)
-    n = int(torch.randint(3, 7, (1,), generator=g))
-    lengths = torch.randint(1, 151, (n,), generator=g).tolist()
-    slots = torch.randperm(n, generator=g).tolist()
-    slots[int(torch.randint(0, n, (1,), generator=g))] = -1
-    return lengths, slots
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("seed", [21, 22])
-def test_pipelined_pieces_keep_the_bits(seed, dtype, device):
-    """A call run in pieces of its chunks (`run_chunk_launches`: each sequence's state carried between
-    them in float32; on a GPU the recurrence on a stream of its own beside the other pieces' prepare and
-    output) stores the bits of one launch each, whatever the pieces: 2, 3, 7 and one chunk each, cutting
-    drawn sequences anywhere, a padding row and a spare pool slot left untouched."""
-    from gdn_lab.ops import delta_rule_triton as D
-
-    lengths, slots = drawn_batch(seed)
-    args = batch_args(range(len(lengths)), lengths, slots, device, hk=1, hv=2, d=16, dtype=dtype)
-    sizes = {"chunk_size": 16, "segment_from": 10**6}
-    whole_out, whole_state = chunked(args, **sizes, pieces=1)
-    max_chunks = sum(lengths) // 16 + len(lengths)
-    owned = [s for s in slots if s >= 0]
-    unowned = [s for s in range(len(lengths) + 2) if s not in owned]
-    for pieces in (2, 3, 7, max_chunks):
-        run = D.chunked_run(args["cu_seqlens"], torch.empty_like(args["v"]), 1, 16, 16, segment_from=10**6)
-        assert len(D.pipeline_pieces(run, torch.device(device), pieces)) == min(pieces, max_chunks)
-        out, state = chunked(args, **sizes, pieces=pieces)
-        assert torch.equal(out, whole_out), f"{pieces} pieces"
-        assert torch.equal(state[owned], whole_state[owned]), f"{pieces} pieces"
-        assert state[unowned].isnan().all(), "a slot no sequence owns stays untouched"
-
-
-def test_default_pieces(device):
-    """Only a GPU pipelines by default, in PIPELINE_PIECES pieces at most of PIECE_MIN_CHUNKS chunks at
-    least, and never a call whose recurrence is cut into segments."""
-    from gdn_lab.ops import delta_rule_triton as D
-
-    args = batch_args([0, 1], [30, 200], [0, 1], device, hk=1, hv=2, d=16)
-    short = D.chunked_run(args["cu_seqlens"], torch.empty_like(args["v"]), 1, 16, 1, segment_from=10**6)
-    cut = D.chunked_run(args["cu_seqlens"], torch.empty_like(args["v"]), 1, 16, 1, 2, 40)
-    m = short.plan.max_chunks  # 232 chunks of one token
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert D.pipeline_pieces(short, cpu) == [(0, m)]
-    want = min(D.PIPELINE_PIECES, m // D.PIECE_MIN_CHUNKS)
-    pieces = D.pipeline_pieces(short, cuda)
-    assert len(pieces) == want and pieces[0][0] == 0 and pieces[-1][1] == m
-    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
-    assert D.pipeline_pieces(cut, cuda) == [(0, cut.plan.max_chunks)]
-
-
 def test_coverage_reasons(device):
     """Shapes and layouts the kernels do not take are refused with a reason, before any launch."""
     args = batch_args([0], [3], [0], device, d=24)
