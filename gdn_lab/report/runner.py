@@ -391,7 +391,7 @@ def prepended(variable: str, first: str | os.PathLike) -> str:
 
 
 # --jobs's default: 3 notebooks at once ran the h200 suite in 141 s cold and 64 s warm on one H200
-# with 16 host cores, 2 in 176 s and 93 s (data/bench/h200/bench_suite.csv); more were not
+# with 16 host cores, 2 in 176 s and 93 s (data/bench/h200/bench_suite_ace433e_884bf87.csv); more were not
 # measured. On the CPU each kernel keeps about one core busy, so never more than the cores.
 DEFAULT_JOBS = 3
 
