@@ -24,6 +24,7 @@ examples:
   gdn-lab fingerprint --preset cpu-smoke --out golden.json      the regression gate's golden file
   gdn-lab check --golden golden.json                           rerun it: exit 1 if anything regressed
   gdn-lab compare runs/h200 runs/mi350x                         two runs (or fingerprints) side by side
+  gdn-lab kernels --target gfx942 --op decode_attention         compile for MI300X here: LDS, VGPRs, spills
 
 exit status: 2 for bad input everywhere (nothing runs); each command's --help gives its other codes;
 130 after Ctrl-C.
@@ -409,6 +410,38 @@ def _compare(args: argparse.Namespace) -> int:
     return 0 if diff.none else 1
 
 
+def _kernels(args: argparse.Namespace) -> int:
+    import os
+
+    import pandas as pd
+
+    from gdn_lab.ops import offline_compile as oc
+    from gdn_lab.ops import spec
+
+    try:
+        targets = [oc.check_target(t) for t in args.target]
+        for op in args.op or []:
+            spec.get(op)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # Before Triton's kernels load: under the interpreter `@triton.jit` makes functions that cannot compile.
+    os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        df = pd.concat([oc.compile_report(t.arch, ops=args.op, progress=not args.quiet) for t in targets])
+    except RuntimeError as exc:  # the kernels were loaded for the interpreter before this command ran
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(oc.summary_text(df))
+    if args.out:
+        from gdn_lab.environment import fingerprint
+        from gdn_lab.report.io import atomic_write_text
+
+        env = {f"env_{k}": v for k, v in fingerprint("cpu").items()}  # where it compiled: Triton's version
+        print(f"wrote {atomic_write_text(args.out, df.assign(**env).to_csv(index=False))}")
+    return 0 if df["fits"].all() else 1
+
+
 def _interpret_on_cpu(device) -> None:
     import os
 
@@ -553,6 +586,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ck.add_argument("--quiet", action="store_true", help="no progress bars")
     ck.set_defaults(func=_check)
+
+    kn = sub.add_parser(
+        "kernels",
+        help="compile our Triton kernels for GPUs this machine lacks (sm_90, gfx942, gfx950): shared memory, registers, spills",
+        description="Compile each of gdn_lab's own Triton backends on production-shaped workloads (Qwen per-rank "
+        "heads, 16-bit and fp8 KV caches, a small and a large batch) for each target, without its GPU and without "
+        "running anything, with the configs the lab would pick on that GPU. One line per kernel: its launch "
+        "options, shared memory (AMD: LDS) against the target's limit per program, registers (AMD: VGPRs) and "
+        "spills. Runs in Triton's compiled mode (TRITON_INTERPRET is ignored). Exit status: 0 every kernel compiles "
+        "and fits, 1 some kernel would not launch on a target, 2 bad input.",
+    )
+    kn.add_argument(
+        "--target", nargs="+", default=["sm_90", "gfx942", "gfx950"], help="targets (default: sm_90 gfx942 gfx950)"
+    )
+    kn.add_argument("--op", nargs="+", metavar="OP", help="only these ops (default: every op with a Triton backend)")
+    kn.add_argument("--out", help="also write every row as CSV")
+    kn.add_argument("--quiet", action="store_true", help="no progress bars")
+    kn.set_defaults(func=_kernels)
 
     cp = sub.add_parser(
         "compare",

@@ -7,11 +7,13 @@ above this module (`gdn_lab.environment`), from these facts, AITER's route and g
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
 import platform as _platform
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import cache
 
@@ -120,13 +122,33 @@ def _info(device_str: str) -> DeviceInfo:
     return DeviceInfo(plat, props.name, arch, props.multi_processor_count, fp8)
 
 
+# The GPU every device reads as inside `compiling_for` (None outside it).
+_COMPILING_FOR: DeviceInfo | None = None
+
+
+@contextlib.contextmanager
+def compiling_for(info: DeviceInfo) -> Iterator[None]:
+    """Inside the block `detect` describes every device as `info`: the lab's config choosers pick
+    what they would on that GPU while `gdn_lab.ops.offline_compile` compiles for it on another
+    machine. Not for running kernels (tensors stay where they are)."""
+    global _COMPILING_FOR
+    saved, _COMPILING_FOR = _COMPILING_FOR, info
+    try:
+        yield
+    finally:
+        _COMPILING_FOR = saved
+
+
 def detect(device: torch.device | str | None = None) -> DeviceInfo:
-    """Describe a device (default: the current accelerator, else the CPU).
+    """Describe a device (default: the current accelerator, else the CPU); inside `compiling_for`,
+    the GPU compiled for.
 
     Example:
         >>> detect("cpu").arch
         'cpu'
     """
+    if _COMPILING_FOR is not None:
+        return _COMPILING_FOR
     dev = torch.device(device) if device is not None else default_device()
     if dev.type != "cuda":  # read live: torch's thread count can change within a process
         return DeviceInfo("cpu", _cpu_name(), "cpu", torch.get_num_threads(), fp8_dtype_for("cpu"))

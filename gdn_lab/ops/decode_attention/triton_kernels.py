@@ -48,7 +48,7 @@ heuristic does: when the batch grows, the splits (and the order of the sums) mov
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -158,6 +158,11 @@ _GPU_CONFIGS = {
     (128, "fp32"): DecodeConfig(32, 32, 8, 1),
     (256, "fp32"): DecodeConfig(32, 32, 8, 1),
 }
+# AMD: Triton's HIP backend keeps the pipeline's stages in LDS, of which CDNA3 has 64 KB a
+# workgroup: the most stages that fit there on gfx942 (its compiles in Triton 3.6 and 3.9 by
+# gdn_lab.ops.offline_compile): 16-bit caches 2 (64 KB; 3 took 65,792-66,048 B in 3.6), fp8 3
+# (32-33 KB; 4 took 65,536-66,048 B). CDNA4's 160 KB (gfx950) holds the NVIDIA stage counts.
+_LDS_STAGES = {("gfx942", "16bit"): 2, ("gfx942", "fp8"): 3}
 # Small nodes under the interpreter, so tiny tests cross node edges (256 tokens).
 _INTERPRETER_CONFIG = DecodeConfig(64, 4, 1, 1)
 
@@ -183,11 +188,20 @@ def decode_dot_precision(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> DotPrec
     return prec
 
 
-def decode_config(head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> DecodeConfig:
-    """The partition kernel's fixed configuration for a head dim and the query and cache dtypes."""
+def decode_config(head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, arch: str | None = None) -> DecodeConfig:
+    """The partition kernel's fixed configuration for a head dim, the query and cache dtypes and
+    the GPU's arch (None: the default device's). On AMD GPUs the NVIDIA config without its register
+    cap (Triton's HIP backend rejects `maxnreg`) and with at most `_LDS_STAGES` stages; the bits
+    are the same (neither changes an operation)."""
     if interpreting():
         return _INTERPRETER_CONFIG
-    return _GPU_CONFIGS[(config_head_dim(head_dim), operand_kind(q_dtype, kv_dtype))]
+    kind = operand_kind(q_dtype, kv_dtype)
+    config = _GPU_CONFIGS[(config_head_dim(head_dim), kind)]
+    arch = detect().arch if arch is None else arch
+    if arch.startswith("gfx"):
+        stages = min(config.num_stages, _LDS_STAGES.get((arch, kind), config.num_stages))
+        config = replace(config, num_stages=stages, max_registers=None)
+    return config
 
 
 def decode_plan(batch: int, num_kv_heads: int, max_len: int, num_sms: int, config: DecodeConfig) -> DecodePlan:
@@ -599,7 +613,7 @@ def decode_attention_triton(
         max_seq_len: an upper bound of max(seq_lens), which sizes the grid. None reads it from the
             device (one host synchronisation); pass it to capture a CUDA graph (extra programs exit
             at once; the result does not depend on the bound).
-        config: the partition kernel's configuration; None takes `decode_config(D, q dtype, cache dtype)`.
+        config: the partition kernel's configuration; None takes `decode_config(D, q dtype, cache dtype, arch)`.
             An override is for tuning (benchmarks): a different block_n or node_blocks changes the bits.
         plan: how the work is cut into programs; None takes `decode_plan(...)` for this batch. Any
             plan gives the same bits (the tests and the benchmark's invariance rows check it).
@@ -609,7 +623,7 @@ def decode_attention_triton(
         [B, Hq, D] in q's dtype.
     """
     max_len = _max_len(seq_lens, max_seq_len)
-    cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype)
+    cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype, detect(q.device).arch)
     if plan is None:
         sms = detect(q.device).num_sms if num_sms is None else num_sms
         plan = decode_plan(q.shape[0], k_cache.shape[2], max_len, sms, cfg)
@@ -697,7 +711,7 @@ def decode_attention_splitk_by_batch(
     max_len = _max_len(seq_lens, max_seq_len)
     sms = detect(q.device).num_sms if num_sms is None else num_sms
     splits = splits_for_batch(q.shape[0], k_cache.shape[2], q.shape[2], max_len, sms)
-    cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype)
+    cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype, detect(q.device).arch)
     return _launch(
         q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale,
         unit=0, span=0, max_units=splits, num_programs=splits, num_splits=splits, config=cfg,
