@@ -64,36 +64,28 @@ def test_kernels_command_rejects_bad_input_before_compiling(capsys):
     assert "no_such_op" in capsys.readouterr().err
 
 
-def test_decode_attention_compiles_and_fits_every_target(tmp_path):
+def test_decode_attention_compiles_and_fits_amd_gpus(tmp_path):
     """The command as a user runs it: every decode kernel of ours and of the control, at both head
-    shapes, 16-bit and fp8 caches and both plans, compiles for each target and fits its shared
-    memory. (Before the AMD configs, D 256 failed on gfx942 and gfx950 with `maxnreg`, and every
-    partition kernel but one took more than gfx942's 64 KB of LDS.)"""
+    shapes, 16-bit and fp8 caches and both plans, compiles for gfx942 and gfx950 and fits their LDS.
+    Before the AMD configs, D 256 failed on both with `maxnreg`, and on gfx942 the fp8 partition
+    kernels took 96 KB of its 64 KB. (sm_90's compiles run for real in the GPU suite.)"""
     out = tmp_path / "kernels.csv"
+    args = ["-m", "gdn_lab.cli", "kernels", "--target", "gfx942", "gfx950", "--op", "decode_attention", "--quiet"]
     # under TRITON_INTERPRET=1, as this suite sets it: the command compiles all the same
-    done = _fresh_process(
-        ["-m", "gdn_lab.cli", "kernels", "--op", "decode_attention", "--quiet", "--out", str(out)], interpret=True
-    )
+    done = _fresh_process([*args, "--out", str(out)], interpret=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     df = pd.read_csv(out, keep_default_na=False)
-    assert set(df["target"]) == {"sm_90", "gfx942", "gfx950"}
+    assert set(df["target"]) == {"gfx942", "gfx950"}
     assert (df["status"] == "ok").all() and df["fits"].all()
     assert set(df["kernel"]) == {"_decode_partition_kernel", "_decode_reduce_kernel"}
     assert set(df["backend"]) == {"triton", "triton-splitk-by-batch"}
     assert set(df["shape"]) == {"32/8/128/1", "16/2/256/16"}
     assert (df["shared"] <= df["shared_limit"]).all() and (df["registers"] > 0).all()
-    part = df[df["kernel"] == "_decode_partition_kernel"]
-    amd = part[part["target"] != "sm_90"]
-    assert not amd["options"].str.contains("maxnreg").any()
-    assert (
-        part[(part["target"] == "sm_90") & (part["shape"] == "16/2/256/16")]["options"]
-        .str.contains("maxnreg=128")
-        .all()
-    )
-    for arch, limit in (("sm_90", 232448), ("gfx942", 65536), ("gfx950", 163840)):
-        assert re.search(
-            rf"^{arch}: \d+ kernel builds, 0 cannot launch \(shared memory limit {limit} B\)$", done.stdout, re.M
-        )
+    assert not df["options"].str.contains("maxnreg").any()
+    assert (df["env_triton"] != "").all()
+    for arch, limit in (("gfx942", 65536), ("gfx950", 163840)):
+        line = rf"^{arch}: \d+ kernel builds, 0 cannot launch \(shared memory limit {limit} B\)$"
+        assert re.search(line, done.stdout, re.M)
 
 
 def test_a_kernel_that_cannot_launch_is_reported_with_the_reason(tmp_path):
