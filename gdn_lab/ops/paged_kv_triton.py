@@ -73,9 +73,9 @@ def ptx_e4m3(cache_dtype: torch.dtype, operand_dtype: tl.dtype, device: torch.de
     """Whether a cache's tiles go through `e4m3_to_f16`: a float8_e4m3fn cache whose tl.dot operands
     are float16, compiled (the interpreter runs no PTX) for an NVIDIA GPU of sm_89 or newer (PTX's
     e4m3x2 conversion)."""
-    if cache_dtype != torch.float8_e4m3fn or operand_dtype != tl.float16 or device.type != "cuda" or interpreting():
+    if cache_dtype != torch.float8_e4m3fn or operand_dtype != tl.float16 or interpreting():
         return False
-    info = detect(device)  # cached per device
+    info = detect(device)  # cached per device; inside `gdn_lab.device.compiling_for`, the GPU compiled for
     return info.platform == "cuda" and int(info.arch.removeprefix("sm_")) >= 89
 
 

@@ -19,6 +19,7 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime import driver
 
+from gdn_lab.device import detect
 from gdn_lab.interpreter import skip_repeated_work
 from gdn_lab.ops.triton_support import interpreting
 
@@ -68,12 +69,12 @@ def dot_precision(
 
 
 def _has_tf32(device: torch.device | None) -> bool:
-    """Whether Triton's tl.dot can round float32 operands to TF32 on this device."""
-    if device is None or device.type != "cuda":
+    """Whether Triton's tl.dot can round float32 operands to TF32 on this device (as `detect` sees
+    it: the GPU compiled for inside `gdn_lab.device.compiling_for`)."""
+    if device is None:
         return False
-    if torch.version.hip:
-        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0] == "gfx942"
-    return True
+    info = detect(device)
+    return info.platform == "cuda" or info.arch == "gfx942"
 
 
 def pow2_at_least(n: int, floor: int = 16) -> int:

@@ -57,6 +57,28 @@ def test_decode_config_on_amd_keeps_the_bits_drops_the_register_cap(monkeypatch,
     assert nvidia.max_registers == (128 if head_dim == 256 else None)  # NVIDIA's own config is untouched
 
 
+@pytest.mark.parametrize(
+    ("arch", "tf32", "ptx"), [("sm_90", True, True), ("gfx942", True, False), ("gfx950", False, False)]
+)
+def test_the_gpu_only_choices_follow_the_target(monkeypatch, arch, tf32, ptx):
+    """What the launch paths decide from the GPU (TF32 dots for the delta rule's float32 operands;
+    PTX's e4m3 conversion for an fp8 cache) is the target's inside `compiling_for`, for tensors on
+    the CPU: the report compiles what that GPU would run."""
+    from gdn_lab.ops import paged_kv_triton
+
+    for module in (triton_common, paged_kv_triton):
+        monkeypatch.setattr(module, "interpreting", lambda: False)
+    cpu = torch.device("cpu")
+    with compiling_for(oc.TARGETS[arch].device_info):
+        prec = triton_common.dot_precision(torch.bfloat16, torch.bfloat16, float32_operands=True, device=cpu)
+        assert prec.input_precision == ("tf32" if tf32 else "ieee")
+        assert paged_kv_triton.ptx_e4m3(torch.float8_e4m3fn, triton_common.tl.float16, cpu) is ptx
+    assert (
+        triton_common.dot_precision(torch.bfloat16, torch.bfloat16, float32_operands=True, device=cpu).input_precision
+        == "ieee"
+    )
+
+
 def test_kernels_command_rejects_bad_input_before_compiling(capsys):
     assert main(["kernels", "--target", "sm_80"]) == 2
     assert "target: 'sm_80' is not accepted; expected one of sm_90, gfx942, gfx950" in capsys.readouterr().err
