@@ -89,7 +89,6 @@ EXTRA_SHAPES: dict[str, list[Any]] = {
     "gdn_prefill": [B.GDNShape(16, 32, 128)],
     "gdn_layer_prefill": [B.GDNShape(16, 32, 128)],
     "gdn_decode": [B.GDNShape(16, 32, 128)],
-    "causal_conv1d_update": [B.GDNShape(16, 32, 128)],
 }
 # Request lengths of the two batches each case runs: a small one (fine plans, short requests) and a
 # large one (coarse plans); an op whose requests have a fixed length takes that length instead.
