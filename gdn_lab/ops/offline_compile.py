@@ -251,7 +251,7 @@ def compile_report(arch: str, ops: Sequence[str] | None = None, progress: bool =
                 first = len(compiled)
                 try:
                     be.run(**args)
-                except Exception as e:  # a launch option the target's backend refuses: its row says so
+                except Exception as e:  # its host code failed: a row, unless a failed compile caused it
                     if len(compiled) == first or compiled[-1].error == "":
                         compiled.append(_Compiled("(host code)", {}, error=f"{type(e).__name__}: {e}"[:300]))
                 for c in _unique(compiled[first:]):
