@@ -136,6 +136,8 @@ def compiling_for(target: Target) -> Iterator[list[_Compiled]]:
         raise RuntimeError("compiling for a GPU needs Triton's compiled mode: run without TRITON_INTERPRET")
     compiled: list[_Compiled] = []
     run = JITFunction.run
+    # Triton caches each kernel's backend and builds per device: one id per target, apart from any real GPU's
+    device_id = _DEVICE_BASE + list(TARGETS).index(target.arch)
 
     def compile_only(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         record = _Compiled(self.fn.__name__, {k: kwargs[k] for k in kwargs if k in _LAUNCH_OPTIONS})
@@ -151,9 +153,7 @@ def compiling_for(target: Target) -> Iterator[list[_Compiled]]:
             return target.triton_target()
 
         def get_current_device(self) -> int:
-            # Triton caches each kernel's backend and builds per device: one id per target, apart
-            # from any real GPU's
-            return _DEVICE_BASE + list(TARGETS).index(target.arch)
+            return device_id
 
         def get_current_stream(self, device: int | None = None) -> int:
             return 0

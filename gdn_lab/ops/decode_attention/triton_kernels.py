@@ -623,9 +623,10 @@ def decode_attention_triton(
         [B, Hq, D] in q's dtype.
     """
     max_len = _max_len(seq_lens, max_seq_len)
-    cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype, detect(q.device).arch)
+    info = detect(q.device)
+    cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype, info.arch)
     if plan is None:
-        sms = detect(q.device).num_sms if num_sms is None else num_sms
+        sms = info.num_sms if num_sms is None else num_sms
         plan = decode_plan(q.shape[0], k_cache.shape[2], max_len, sms, cfg)
     else:
         _check_plan(plan, cfg)
@@ -709,9 +710,10 @@ def decode_attention_splitk_by_batch(
         [B, Hq, D] in q's dtype.
     """
     max_len = _max_len(seq_lens, max_seq_len)
-    sms = detect(q.device).num_sms if num_sms is None else num_sms
+    info = detect(q.device)
+    sms = info.num_sms if num_sms is None else num_sms
     splits = splits_for_batch(q.shape[0], k_cache.shape[2], q.shape[2], max_len, sms)
-    cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype, detect(q.device).arch)
+    cfg = config or decode_config(q.shape[2], q.dtype, k_cache.dtype, info.arch)
     return _launch(
         q, k_cache, v_cache, kv_indptr, kv_indices, seq_lens, page_size, scale, k_scale, v_scale,
         unit=0, span=0, max_units=splits, num_programs=splits, num_splits=splits, config=cfg,
