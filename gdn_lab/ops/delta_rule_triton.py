@@ -140,13 +140,17 @@ def chunk_inverse(kk, b_beta, b_G, BT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def chunk_output(
-    q, k, norms, scale, vs, gs, hs, rows, m_live, live, i_c, i_h, o_v,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, QK_ROW: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+    q, k, norms, scale, vs, gs, hs, out, rows, m_t, m_live, live, i_c, i_h0, i_v0,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    GH: tl.constexpr, GV: tl.constexpr, QK_ROW: tl.constexpr,
+    IO_MANT: tl.constexpr, IO_TINY: tl.constexpr, IO_MAGIC: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new: value head i_h's [BT, len(o_v)] float32
-    rows of chunk i_c, at the value columns o_v; q and k normalized here (`normalized_rows`). The
-    three dots take DOT_DTYPE operands at PREC (`ChunkedRun.dot`), accumulating in float32.
+    """o = exp(G) (q S_c) + tril(q k^T exp(G_i - G_j)) v_new for GH value heads from i_h0 (of one
+    key head) and GV tiles of BV values from tile i_v0, chunk i_c: stored in out, rounded to its
+    grid. q and k are normalized here (`normalized_rows`) and q k^T is formed once for them all;
+    each tile's two dots are the same [BT, K] x [K, BV] and [BT, BT] x [BT, BV] whatever the
+    grouping. The three dots take DOT_DTYPE operands at PREC (`ChunkedRun.dot`), accumulating in
+    float32.
 
     Rows outside m_live, and every row of a padding sequence (live False), read zeros. Callers fix
     the columns per shape, never per batch. Every tiling measured on a GPU gave a column the same
@@ -154,22 +158,27 @@ def chunk_output(
     values differed in the last bit at head dim 64.
     """
     R: tl.constexpr = HV // HK
-    i_kh = i_h // R
+    i_kh = i_h0 // R
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     incl = o_t[:, None] >= o_t[None, :]
-    b_q = normalized_rows(q, norms, rows, m_live, i_kh, 0, HK, K, QK_ROW) * scale
+    b_q = (normalized_rows(q, norms, rows, m_live, i_kh, 0, HK, K, QK_ROW) * scale).to(DOT_DTYPE)
     b_k = normalized_rows(k, norms, rows, m_live, i_kh, 1, HK, K, QK_ROW)
-    b_G = tl.load(gs + rows * HV + i_h, mask=m_live, other=0.0)
-    b_vn = tl.load(vs + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
-    b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
-    b_S = tl.where(live, b_S, 0.0)  # a padding sequence's chunk states were never written
-    b_q = b_q.to(DOT_DTYPE)
-    b_A = tl.dot(b_q, tl.trans(b_k.to(DOT_DTYPE)), input_precision=PREC)
-    # G_i - G_j <= 0 for i >= j inside the sequence; the minimum keeps rows past its end (G = 0) finite
-    b_A = tl.where(incl, b_A * tl.exp(tl.minimum(b_G[:, None] - b_G[None, :], 0.0)), 0.0).to(DOT_DTYPE)
-    b_o = tl.dot(b_q, b_S.to(DOT_DTYPE), input_precision=PREC) * tl.exp(b_G)[:, None]
-    return b_o + tl.dot(b_A, b_vn.to(DOT_DTYPE), input_precision=PREC)
+    b_qk = tl.dot(b_q, tl.trans(b_k.to(DOT_DTYPE)), input_precision=PREC)
+    for j_h in tl.static_range(GH):
+        i_h = i_h0 + j_h
+        b_G = tl.load(gs + rows * HV + i_h, mask=m_live, other=0.0)
+        # G_i - G_j <= 0 for i >= j inside the sequence; the minimum keeps rows past its end (G = 0) finite
+        b_A = tl.where(incl, b_qk * tl.exp(tl.minimum(b_G[:, None] - b_G[None, :], 0.0)), 0.0).to(DOT_DTYPE)
+        b_eG = tl.exp(b_G)
+        for j_v in tl.static_range(GV):
+            o_v = (i_v0 + j_v) * BV + tl.arange(0, BV)
+            b_vn = tl.load(vs + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_live[:, None], other=0.0)
+            b_S = tl.load(hs + (i_c.to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :])
+            b_S = tl.where(live, b_S, 0.0)  # a padding sequence's chunk states were never written
+            b_o = tl.dot(b_q, b_S.to(DOT_DTYPE), input_precision=PREC) * b_eG[:, None]
+            b_o = round_rne(b_o + tl.dot(b_A, b_vn.to(DOT_DTYPE), input_precision=PREC), IO_MANT, IO_TINY, IO_MAGIC)
+            tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
 
 
 @triton.jit
@@ -478,20 +487,21 @@ def _output_kernel(
     IO_MAGIC: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PREC: tl.constexpr,
+    GH: tl.constexpr,
+    GV: tl.constexpr,
 ):
-    i_v, i_h, i_c = tile_head_item(V // BV, HV)  # a key head's R * V / BV programs read its q and k rows in turn
+    # GH value heads x GV tiles a program; a key head's programs read its q and k rows in turn
+    i_vg, i_hg, i_c = tile_head_item(V // (BV * GV), HV // GH)
     n = tl.load(chunk_seq + i_c)
     if n >= N:
         return
     live = tl.load(slots + n) >= 0  # padding rows get zeros
     _, length, _, p, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     m_live = p < tl.where(live, length, 0)  # (a scalar boolean cannot mask a block in the interpreter)
-    o_v = i_v * BV + tl.arange(0, BV)
-    b_o = chunk_output(
-        q, k, norms, scale, vs, gs, hs, rows, m_live, live, i_c, i_h, o_v, HK, HV, K, V, BT, QK_ROW, DOT_DTYPE, PREC
-    )
-    b_o = round_rne(b_o, IO_MANT, IO_TINY, IO_MAGIC)
-    tl.store(out + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], b_o, mask=m_t[:, None])
+    chunk_output(
+        q, k, norms, scale, vs, gs, hs, out, rows, m_t, m_live, live, i_c, i_hg * GH, i_vg * GV,
+        HK, HV, K, V, BV, BT, GH, GV, QK_ROW, IO_MANT, IO_TINY, IO_MAGIC, DOT_DTYPE, PREC,
+    )  # fmt: skip
 
 
 # --- host --------------------------------------------------------------------------------------
@@ -881,19 +891,25 @@ def run_output_kernel(
     block_v: int = OUTPUT_BLOCK_V,
     num_warps: int = OUTPUT_WARPS,
     num_stages: int | None = None,
+    group_heads: int = 1,
+    group_tiles: int = 1,
 ):
     """Launch 3, every chunk and V tile at once: out ([T, HV, V]) from the prepare's q and k (q
-    times `scale` after its norm), run's scratch and chunk states. The tile and launch options are
-    for the kernel probe, as `run_prepare_kernel`'s."""
+    times `scale` after its norm), run's scratch and chunk states. The tile, grouping (value heads
+    of one key head, V tiles: one program each, sharing q k^T) and launch options are for the
+    kernel probe, as `run_prepare_kernel`'s."""
     HV, V = out.shape[1], out.shape[2]
     HK, K = q.shape[1], q.shape[2]
     s = run.scratch
     bv = min(V, block_v)
-    _output_kernel[(run.plan.max_chunks * HV * (V // bv),)](
+    if (HV // HK) % group_heads or (V // bv) % group_tiles:
+        raise ValueError(f"run_output_kernel: group_heads {group_heads} must divide {HV // HK} value heads per "
+                         f"key head and group_tiles {group_tiles} the {V // bv} V tiles")
+    _output_kernel[(run.plan.max_chunks * (HV // group_heads) * (V // bv // group_tiles),)](
         q=q, k=k, norms=s.norms, scale=scale, vs=s.vs, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
         HK=HK, HV=HV, K=K, V=V, BV=bv, BT=run.plan.chunk_size, QK_ROW=q.stride(0), **grid_args("IO", out.dtype),
-        DOT_DTYPE=run.dot.dtype, PREC=run.dot.input_precision,
+        DOT_DTYPE=run.dot.dtype, PREC=run.dot.input_precision, GH=group_heads, GV=group_tiles,
         **_launch_options(num_warps, num_stages),
     )  # fmt: skip
 
