@@ -903,8 +903,10 @@ def run_output_kernel(
     s = run.scratch
     bv = min(V, block_v)
     if (HV // HK) % group_heads or (V // bv) % group_tiles:
-        raise ValueError(f"run_output_kernel: group_heads {group_heads} must divide {HV // HK} value heads per "
-                         f"key head and group_tiles {group_tiles} the {V // bv} V tiles")
+        raise ValueError(
+            f"run_output_kernel: group_heads {group_heads} must divide {HV // HK} value heads per "
+            f"key head and group_tiles {group_tiles} the {V // bv} V tiles"
+        )
     _output_kernel[(run.plan.max_chunks * (HV // group_heads) * (V // bv // group_tiles),)](
         q=q, k=k, norms=s.norms, scale=scale, vs=s.vs, gs=s.gs, hs=s.hs, out=out,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu, cu_seqlens=cu_seqlens, slots=slots, N=slots.numel(),
