@@ -71,19 +71,22 @@ SEGMENT_VARIANTS = [
 # (warps, stages) of the chunk-parallel launches; their defaults are prepare's 4 warps (8 from tiles
 # of 16384 fp32 elements), output's OUTPUT_WARPS, and Triton's stages
 PARALLEL_VARIANTS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3)]
+# (group_heads, warps) of the prepare: the value heads of a key head one program takes, sharing k k^T
+PREPARE_GROUPS = [(2, 4), (2, 8)]
 # (block_v, warps, group_heads, group_tiles) of the output kernel's V tiles and of its programs (the
 # value heads of a key head and V tiles one program takes, sharing q k^T); its default is
-# (OUTPUT_BLOCK_V, OUTPUT_WARPS, 1, 1), (128, 8, 1, 1) the whole row of a head at 8 warps (the kernel
-# before 68de164); the default tile at other warps and stages is PARALLEL_VARIANTS'. Not (32, 4): with bf16 dot operands, Triton 3.6's kernel for it made
-# an illegal memory access on an H100 at 16/32, 16384 tokens in one sequence, which ends the process
-# (data/bench/h100/diag_output_afb0139.log)
-OUTPUT_TILES = [(128, 8, 1, 1), (128, 4, 1, 1), (64, 4, 1, 2), (64, 4, 2, 1), (64, 4, 2, 2), (64, 8, 2, 2)]
+# (OUTPUT_BLOCK_V, OUTPUT_WARPS) grouped as `_output_groups` says, (64, 4, 1, 1) one value head's tile a
+# program (the kernel before 6d46f21), (128, 8, 1, 1) the whole row of a head at 8 warps (before
+# 68de164); the default tile at other warps and stages is PARALLEL_VARIANTS'. Not (32, 4): with bf16
+# dot operands, Triton 3.6's kernel for it made an illegal memory access on an H100 at 16/32, 16384
+# tokens in one sequence, which ends the process (data/bench/h100/diag_output_afb0139.log)
+OUTPUT_TILES = [(128, 8, 1, 1), (64, 4, 2, 1), (64, 4, 1, 1), (128, 4, 1, 1), (64, 4, 1, 2), (64, 8, 2, 2)]
 
 
-def launches(args: dict, device: torch.device) -> tuple[dict, torch.Tensor]:
+def launches(args: dict, device: torch.device) -> tuple[dict, dict]:
     """name -> make(**options): a call of that launch with those options, on fresh state (the plan
     and scratch built once for every launch; a state variant's own segment plan and maps at make),
-    and the tensor the output launches write."""
+    and name -> what that launch writes, for the launches whose variants must keep the default's bits."""
     from gdn_lab.ops import delta_rule_triton as D
     from gdn_lab.routing import get
 
@@ -104,7 +107,9 @@ def launches(args: dict, device: torch.device) -> tuple[dict, torch.Tensor]:
         )  # fmt: skip
         return lambda: D.run_state_kernel(mine, k, v, a["state"], slots, cu, **tile)
 
-    return {  # and the output launches' output
+    s = run.scratch
+    written = {"prepare": [s.norms, s.ts, s.bs, s.gs], "output": [out]}
+    return {
         "plan+scratch": lambda: lambda: D.chunked_run(cu, out, hk, kdim, D.CHUNK_SIZE),
         "prepare": lambda **opts: (
             lambda: D.run_prepare_kernel(run, q, k, *gates, cu, slots, a["use_qk_l2norm"], **opts)
@@ -112,7 +117,7 @@ def launches(args: dict, device: torch.device) -> tuple[dict, torch.Tensor]:
         "state": state_launches,
         "output": lambda **opts: lambda: D.run_output_kernel(run, q, k, a["scale"], out, cu, slots, **opts),
         "backend": lambda: lambda: get("gdn_prefill", "triton").run(**a),
-    }, out
+    }, written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,14 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(s, t, n) for s in shapes for t in totals for n in ((1, 2) if args.smoke else (1, 4, 16))]
     variants = VARIANTS[2:3] if args.smoke else VARIANTS
     parallel = PARALLEL_VARIANTS[:1] if args.smoke else PARALLEL_VARIANTS
-    output_tiles = [OUTPUT_TILES[0], OUTPUT_TILES[3]] if args.smoke else OUTPUT_TILES
+    output_tiles = OUTPUT_TILES[:2] if args.smoke else OUTPUT_TILES
+    prepare_groups = PREPARE_GROUPS[:1] if args.smoke else PREPARE_GROUPS
     segments = [(1, 0, 4), ("serial", None, 4)] if args.smoke else SEGMENT_VARIANTS
     # do_bench's median on a GPU, one synchronised call on the CPU (the bench's own timers)
     time_us = do_bench_us if device.type == "cuda" else (lambda fn: call_once(fn, device)[0])
     rows = []
     for shape, tokens, batch in cases:
         case = {"HK": shape.hk, "HV": shape.hv, "tokens": tokens, "batch": batch}
-        calls, out = launches(prefill_inputs([tokens // batch] * batch, shape, device, seed=0), device)
+        calls, written = launches(prefill_inputs([tokens // batch] * batch, shape, device, seed=0), device)
         for name, make in calls.items():
             fn = make()
             fn()  # compile
@@ -152,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         ]
         tried += [(name, {"num_warps": w, "num_stages": st}) for name in ("prepare", "output") for w, st in parallel]
         tried += [
+            ("prepare", {"group_heads": gh, "num_warps": w})
+            for gh, w in prepare_groups
+            if shape.hv // shape.hk % gh == 0
+        ]
+        tried += [
             ("output", {"block_v": bv, "num_warps": w, "group_heads": gh, "group_tiles": gv})
             for bv, w, gh, gv in output_tiles
             if (shape.hv // shape.hk) % gh == 0 and (shape.d // min(shape.d, bv)) % gv == 0
@@ -160,13 +171,14 @@ def main(argv: list[str] | None = None) -> int:
             row = {**case, "launch": name, **opts, **env}
             try:
                 fn = calls[name](**opts)
-                if name == "output":  # the default's bits on the same scratch (the state variants rewrite it)
+                if name in written:  # the default's bits from the same inputs (the state variants rewrite them)
                     calls[name]()()
-                    default = out.clone()
-                    out.fill_(float("nan"))
+                    default = [t.clone() for t in written[name]]
+                    for t in written[name]:
+                        t.fill_(float("nan"))
                 fn()
-                if name == "output":
-                    row["same_bits"] = torch.equal(out, default)
+                if name in written:
+                    row["same_bits"] = all(map(torch.equal, written[name], default))
                 row.update(us=time_us(fn), status="ok")
             except Exception as exc:  # a variant this GPU cannot run (shared memory): recorded, the rest go on
                 row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:160]}")

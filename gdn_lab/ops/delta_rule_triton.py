@@ -19,8 +19,9 @@ that only the state recurrence walks a sequence, segment by segment:
    from the segments' affine maps (the same kernel, TRANSFER) through `_segment_starts_kernel`; a
    shorter one is one segment (the serial recurrence), and a call in which no sequence can be cut
    is the state kernel alone (FROM_POOL).
-3. `_output_kernel`, one program per (chunk, value head, OUTPUT_BLOCK_V values), chunk-major:
-   o = exp(G) (q S_c) + (tril(q k^T exp(G_i - G_j))) v_new (`chunk_output`), rounded to the input dtype.
+3. `_output_kernel`, one program per (chunk, two value heads of a key head, 128 values in tiles of
+   OUTPUT_BLOCK_V), chunk-major: o = exp(G) (q S_c) + (tril(q k^T exp(G_i - G_j))) v_new
+   (`chunk_output`), rounded to the input dtype.
 
 The layer (`gdn_lab.ops.gdn_layer_prefill.triton_kernels`) runs these three stages between its
 own conv and norm launches: the prepare on column views of its conv output and of its
@@ -255,15 +256,17 @@ def _prepare_kernel(
     PREC: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    GH: tl.constexpr,
 ):
-    """One program per (chunk, value head); k in pieces of KP columns (`column_piece`). k k^T is a
-    dot on DOT_DTYPE operands at DOT_PREC (`ChunkedRun.prep`), the inverse's on float32 operands
-    at PREC. Stores T's rows in ts's dtype (the state launch's dot operand) and beta.
+    """One program per (chunk, GH value heads of one key head); k in pieces of KP columns
+    (`column_piece`). k k^T is a dot on DOT_DTYPE operands at DOT_PREC (`ChunkedRun.prep`), formed
+    once for the program's value heads, the inverse's on float32 operands at PREC. Stores T's rows
+    in ts's dtype (the state launch's dot operand) and beta.
 
     q and k are rows of QK_ROW elements ([HK, K] at their start); a and b hold value head h of key
     head h // R at row * G_ROW + (h // R) * G_KH + h % R.
     """
-    _, i_h, i_c = tile_head_item(1, HV)  # the R value heads of a key head read its k rows in turn
+    _, i_hg, i_c = tile_head_item(1, HV // GH)  # the value heads of a key head read its k rows in turn
     n = tl.load(chunk_seq + i_c)
     if n >= N:  # past the last chunk (the grid is an upper bound)
         return
@@ -271,13 +274,10 @@ def _prepare_kernel(
     if slot < 0:  # padding: nothing to prepare
         return
     R: tl.constexpr = HV // HK
-    i_kh = i_h // R
+    i_h0 = i_hg * GH
+    i_kh = i_h0 // R
     _, _, _, _, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     o_k = tl.arange(0, K)
-    g_col = i_kh * G_KH + i_h % R
-    b_a = tl.load(a + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
-    b_b = tl.load(b + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
-    b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
 
     # k in column pieces: fewer tiles live across the inverse. kk comes from the raw rows scaled
     # by their norms. Normalized q and k are not stored: their norm factors are, and the later
@@ -294,11 +294,19 @@ def _prepare_kernel(
     r_k = tl.full([BT], 1.0, tl.float32)
     if L2NORM:
         r_k = tl.math.rsqrt(sq + EPS)
-    b_T = chunk_inverse(kk * r_k[:, None] * r_k[None, :], b_beta, b_G, BT, PREC)
+    kk = kk * r_k[:, None] * r_k[None, :]
     o_t = tl.arange(0, BT)
-    tl.store(ts + rows[:, None] * (HV * BT) + i_h * BT + o_t[None, :], b_T.to(ts.dtype.element_ty), mask=m_t[:, None])
-    tl.store(bs + rows * HV + i_h, b_beta, mask=m_t)
-    if i_h % R == 0:  # one value head per key head writes the factors of its q and k
+    for j_h in tl.static_range(GH):
+        i_h = i_h0 + j_h
+        g_col = i_kh * G_KH + i_h % R
+        b_a = tl.load(a + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
+        b_b = tl.load(b + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
+        b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
+        b_T = chunk_inverse(kk, b_beta, b_G, BT, PREC)
+        p_ts = ts + rows[:, None] * (HV * BT) + i_h * BT + o_t[None, :]
+        tl.store(p_ts, b_T.to(ts.dtype.element_ty), mask=m_t[:, None])
+        tl.store(bs + rows * HV + i_h, b_beta, mask=m_t)
+    if i_h0 % R == 0:  # one program per key head writes the factors of its q and k
         r_q = tl.full([BT], 1.0, tl.float32)
         if L2NORM:
             b_q = _load_rows(q, rows, i_kh * K + o_k, m_t, QK_ROW)
@@ -515,6 +523,12 @@ STATE_BLOCK_V = 32  # the state kernel's V tile: fixed per shape, never per batc
 # float32 (afb0139), but 1.06-1.13x once they are bf16 (98244bf, 8k-64k tokens, both head shapes).
 OUTPUT_BLOCK_V = 64
 OUTPUT_WARPS = 4
+# One output program takes two value heads of a key head (where the heads pair up) and up to 128
+# values of each in its V tiles, forming q k^T once for them (the tiles' own dots are unchanged:
+# the same bits). On an H100 at 6d46f21 (probe_gdn_prefill_kernels, 4k-64k tokens, 1-16 sequences,
+# both head shapes): 0.75-0.78x the time of one (value head, tile) a program, every output equal.
+OUTPUT_GROUP_HEADS = 2
+OUTPUT_GROUP_VALUES = 128
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
 SEGMENT_FROM = 16384  # a longer sequence is split into segments at shapes of few heads (never per batch)
 # From this many programs in one sequence's serial recurrence (value heads x V tiles) on, its heads
@@ -786,6 +800,7 @@ def run_prepare_kernel(
     q, k, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    group_heads: int = 1,
 ):  # fmt: skip
     """Launch 1, every chunk at once: q's and k's norm factors, gates, beta and T into run's scratch.
 
@@ -802,15 +817,20 @@ def run_prepare_kernel(
         raise ValueError(f"q and k need one layout with packed heads: strides {q.stride()}, {k.stride()}")
     if a.stride() != b.stride() or a.stride(2) != 1:
         raise ValueError(f"a and b need one layout with packed heads: strides {a.stride()}, {b.stride()}")
+    if (HV // HK) % group_heads:
+        raise ValueError(
+            f"run_prepare_kernel: group_heads {group_heads} must divide the {HV // HK} value heads per key head"
+        )
     warps = num_warps_for(bt * K, at=PREPARE_WARPS_AT) if num_warps is None else num_warps
-    _prepare_kernel[(run.plan.max_chunks * HV,)](
+    _prepare_kernel[(run.plan.max_chunks * (HV // group_heads),)](
         q=q, k=k, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
         norms=s.norms, ts=s.ts, bs=s.bs, gs=s.gs, N=slots.numel(),
         HK=HK, HV=HV, K=K, BT=bt, KP=column_piece(K),
         QK_ROW=q.stride(0), G_ROW=a.stride(0), G_KH=a.stride(1), L2NORM=use_qk_l2norm,
         EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec,
-        DOT_DTYPE=run.prep.dtype, DOT_PREC=run.prep.input_precision, **_launch_options(warps, num_stages),
+        DOT_DTYPE=run.prep.dtype, DOT_PREC=run.prep.input_precision, GH=group_heads,
+        **_launch_options(warps, num_stages),
     )  # fmt: skip
 
 
@@ -880,6 +900,16 @@ def run_state_kernel(
     _state_kernel[(segs.max_chunks * HV * nv,)](**args, NV=nv, TRANSFER=False, FROM_POOL=False)
 
 
+def _output_groups(r: int, v: int, bv: int, heads: int | None, tiles: int | None) -> tuple[int, int]:
+    """The output programs' grouping, fixed per shape: the given one, else OUTPUT_GROUP_HEADS value
+    heads where they divide the r per key head (else 1) and the V tiles of up to OUTPUT_GROUP_VALUES."""
+    if heads is None:
+        heads = OUTPUT_GROUP_HEADS if r % OUTPUT_GROUP_HEADS == 0 else 1
+    if tiles is None:
+        tiles = max(1, min(v, OUTPUT_GROUP_VALUES) // bv)
+    return heads, tiles
+
+
 def run_output_kernel(
     run: ChunkedRun,
     q: torch.Tensor,
@@ -891,8 +921,8 @@ def run_output_kernel(
     block_v: int = OUTPUT_BLOCK_V,
     num_warps: int = OUTPUT_WARPS,
     num_stages: int | None = None,
-    group_heads: int = 1,
-    group_tiles: int = 1,
+    group_heads: int | None = None,
+    group_tiles: int | None = None,
 ):
     """Launch 3, every chunk and V tile at once: out ([T, HV, V]) from the prepare's q and k (q
     times `scale` after its norm), run's scratch and chunk states. The tile, grouping (value heads
@@ -902,6 +932,7 @@ def run_output_kernel(
     HK, K = q.shape[1], q.shape[2]
     s = run.scratch
     bv = min(V, block_v)
+    group_heads, group_tiles = _output_groups(HV // HK, V, bv, group_heads, group_tiles)
     if (HV // HK) % group_heads or (V // bv) % group_tiles:
         raise ValueError(
             f"run_output_kernel: group_heads {group_heads} must divide {HV // HK} value heads per "
