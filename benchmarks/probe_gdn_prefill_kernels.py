@@ -49,6 +49,7 @@ COLUMNS = [
     "num_stages",
     "group_heads",
     "group_tiles",
+    "inverse",
     "same_bits",
     "us",
     "status",
@@ -71,8 +72,8 @@ SEGMENT_VARIANTS = [
 # (warps, stages) of the chunk-parallel launches; their defaults are prepare's 4 warps (8 from tiles
 # of 16384 fp32 elements), output's OUTPUT_WARPS, and Triton's stages
 PARALLEL_VARIANTS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3)]
-# (group_heads, warps) of the prepare: the value heads of a key head one program takes, sharing k k^T
-PREPARE_GROUPS = [(2, 4), (2, 8)]
+# the prepare's inverse of I + A, other than the default (delta_rule_triton.INVERSES)
+PREPARE_INVERSES = ["rows"]
 # (block_v, warps, group_heads, group_tiles) of the output kernel's V tiles and of its programs (the
 # value heads of a key head and V tiles one program takes, sharing q k^T); its default is
 # (OUTPUT_BLOCK_V, OUTPUT_WARPS) grouped as `_output_groups` says, (64, 4, 1, 1) one value head's tile a
@@ -138,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     variants = VARIANTS[2:3] if args.smoke else VARIANTS
     parallel = PARALLEL_VARIANTS[:1] if args.smoke else PARALLEL_VARIANTS
     output_tiles = OUTPUT_TILES[:2] if args.smoke else OUTPUT_TILES
-    prepare_groups = PREPARE_GROUPS[:1] if args.smoke else PREPARE_GROUPS
     segments = [(1, 0, 4), ("serial", None, 4)] if args.smoke else SEGMENT_VARIANTS
     # do_bench's median on a GPU, one synchronised call on the CPU (the bench's own timers)
     time_us = do_bench_us if device.type == "cuda" else (lambda fn: call_once(fn, device)[0])
@@ -157,11 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             for seg, cut, w in segments
         ]
         tried += [(name, {"num_warps": w, "num_stages": st}) for name in ("prepare", "output") for w, st in parallel]
-        tried += [
-            ("prepare", {"group_heads": gh, "num_warps": w})
-            for gh, w in prepare_groups
-            if shape.hv // shape.hk % gh == 0
-        ]
+        tried += [("prepare", {"inverse": inverse}) for inverse in PREPARE_INVERSES]
         tried += [
             ("output", {"block_v": bv, "num_warps": w, "group_heads": gh, "group_tiles": gv})
             for bv, w, gh, gv in output_tiles

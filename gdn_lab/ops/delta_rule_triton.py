@@ -100,6 +100,24 @@ def _unit_lower_inverse(A, BT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def _unit_lower_inverse_doubling(A, BT: tl.constexpr, PREC: tl.constexpr):
+    """(I + A)^-1 for a strictly lower-triangular [BT, BT] A, by doubling the diagonal blocks:
+    X starts as the inverse of the 2 x 2 blocks (I minus A inside them); with X the inverse of the
+    b x b blocks, that of the 2b x 2b blocks is X - X E X, E A's part in the lower-left b x b
+    block of each 2b x 2b block (block forward substitution: [[D1, 0], [E, D2]]^-1 has D2^-1 E D1^-1
+    below). Two dots a level at PREC, no row steps."""
+    o = tl.arange(0, BT)
+    X = tl.where(o[:, None] == o[None, :], 1.0, 0.0) - tl.where((o // 2)[:, None] == (o // 2)[None, :], A, 0.0)
+    for level in tl.static_range(1, 6):  # blocks of b = 2, 4, ..., BT / 2 (BT at most 64)
+        if (2 << level) <= BT:
+            b: tl.constexpr = 1 << level
+            same = (o // (2 * b))[:, None] == (o // (2 * b))[None, :]
+            E = tl.where(same & ((o // b)[:, None] != (o // b)[None, :]), A, 0.0)
+            X = X - tl.dot(tl.dot(X, E, input_precision=PREC), X, input_precision=PREC)
+    return X
+
+
+@triton.jit
 def chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT: tl.constexpr):
     """Chunk i_c, of sequence n: (bos, length, p_first, p, m_t, rows).
 
@@ -131,12 +149,16 @@ def chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV: tl.constexpr, 
 
 
 @triton.jit
-def chunk_inverse(kk, b_beta, b_G, BT: tl.constexpr, PREC: tl.constexpr):
-    """T = (I + strict_tril(beta_i kk_ij exp(G_i - G_j)))^-1, kk the chunk's normalized k k^T."""
+def chunk_inverse(kk, b_beta, b_G, BT: tl.constexpr, PREC: tl.constexpr, DOUBLING: tl.constexpr):
+    """T = (I + strict_tril(beta_i kk_ij exp(G_i - G_j)))^-1, kk the chunk's normalized k k^T
+    (`_unit_lower_inverse_doubling`, or `_unit_lower_inverse` without DOUBLING)."""
     o_t = tl.arange(0, BT)
     strict = o_t[:, None] > o_t[None, :]
     decay = tl.exp(tl.where(strict, b_G[:, None] - b_G[None, :], 0.0))
-    return _unit_lower_inverse(tl.where(strict, b_beta[:, None] * kk * decay, 0.0), BT, PREC)
+    A = tl.where(strict, b_beta[:, None] * kk * decay, 0.0)
+    if DOUBLING:
+        return _unit_lower_inverse_doubling(A, BT, PREC)
+    return _unit_lower_inverse(A, BT, PREC)
 
 
 @triton.jit
@@ -256,17 +278,16 @@ def _prepare_kernel(
     PREC: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PREC: tl.constexpr,
-    GH: tl.constexpr,
+    DOUBLING: tl.constexpr,
 ):
-    """One program per (chunk, GH value heads of one key head); k in pieces of KP columns
-    (`column_piece`). k k^T is a dot on DOT_DTYPE operands at DOT_PREC (`ChunkedRun.prep`), formed
-    once for the program's value heads, the inverse's on float32 operands at PREC. Stores T's rows
-    in ts's dtype (the state launch's dot operand) and beta.
+    """One program per (chunk, value head); k in pieces of KP columns (`column_piece`). k k^T is a
+    dot on DOT_DTYPE operands at DOT_PREC (`ChunkedRun.prep`), the inverse's on float32 operands
+    at PREC. Stores T's rows in ts's dtype (the state launch's dot operand) and beta.
 
     q and k are rows of QK_ROW elements ([HK, K] at their start); a and b hold value head h of key
     head h // R at row * G_ROW + (h // R) * G_KH + h % R.
     """
-    _, i_hg, i_c = tile_head_item(1, HV // GH)  # the value heads of a key head read its k rows in turn
+    _, i_h, i_c = tile_head_item(1, HV)  # the R value heads of a key head read its k rows in turn
     n = tl.load(chunk_seq + i_c)
     if n >= N:  # past the last chunk (the grid is an upper bound)
         return
@@ -274,10 +295,13 @@ def _prepare_kernel(
     if slot < 0:  # padding: nothing to prepare
         return
     R: tl.constexpr = HV // HK
-    i_h0 = i_hg * GH
-    i_kh = i_h0 // R
+    i_kh = i_h // R
     _, _, _, _, m_t, rows = chunk_rows(i_c, n, cu_seqlens, chunk_cu, BT)
     o_k = tl.arange(0, K)
+    g_col = i_kh * G_KH + i_h % R
+    b_a = tl.load(a + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
+    b_b = tl.load(b + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
+    b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
 
     # k in column pieces: fewer tiles live across the inverse. kk comes from the raw rows scaled
     # by their norms. Normalized q and k are not stored: their norm factors are, and the later
@@ -294,19 +318,11 @@ def _prepare_kernel(
     r_k = tl.full([BT], 1.0, tl.float32)
     if L2NORM:
         r_k = tl.math.rsqrt(sq + EPS)
-    kk = kk * r_k[:, None] * r_k[None, :]
+    b_T = chunk_inverse(kk * r_k[:, None] * r_k[None, :], b_beta, b_G, BT, PREC, DOUBLING)
     o_t = tl.arange(0, BT)
-    for j_h in tl.static_range(GH):
-        i_h = i_h0 + j_h
-        g_col = i_kh * G_KH + i_h % R
-        b_a = tl.load(a + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
-        b_b = tl.load(b + rows * G_ROW + g_col, mask=m_t, other=0.0).to(tl.float32)
-        b_G, b_beta = chunk_gates(b_a, b_b, A_log, dt_bias, gs, rows, m_t, i_h, HV, SOFTPLUS_T)
-        b_T = chunk_inverse(kk, b_beta, b_G, BT, PREC)
-        p_ts = ts + rows[:, None] * (HV * BT) + i_h * BT + o_t[None, :]
-        tl.store(p_ts, b_T.to(ts.dtype.element_ty), mask=m_t[:, None])
-        tl.store(bs + rows * HV + i_h, b_beta, mask=m_t)
-    if i_h0 % R == 0:  # one program per key head writes the factors of its q and k
+    tl.store(ts + rows[:, None] * (HV * BT) + i_h * BT + o_t[None, :], b_T.to(ts.dtype.element_ty), mask=m_t[:, None])
+    tl.store(bs + rows * HV + i_h, b_beta, mask=m_t)
+    if i_h % R == 0:  # one value head per key head writes the factors of its q and k
         r_q = tl.full([BT], 1.0, tl.float32)
         if L2NORM:
             b_q = _load_rows(q, rows, i_kh * K + o_k, m_t, QK_ROW)
@@ -789,6 +805,9 @@ def column_piece(d: int) -> int:
 # the prepare kernel's tiles of 64 x 128 took 0.66x the time at 4 warps as at 8 on the H200, at
 # every size and stage count (probe_gdn_prefill_kernels.csv of 76a8564); 8 only past that
 PREPARE_WARPS_AT = 16384
+# T's inverse: "doubling" (`_unit_lower_inverse_doubling`) or "rows" (`_unit_lower_inverse`)
+INVERSES = ("doubling", "rows")
+PREPARE_INVERSE = "doubling"
 
 
 def _launch_options(num_warps: int, num_stages: int | None) -> dict:
@@ -800,7 +819,7 @@ def run_prepare_kernel(
     q, k, a, b, A_log, dt_bias, cu_seqlens, slots, use_qk_l2norm,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    group_heads: int = 1,
+    inverse: str = PREPARE_INVERSE,
 ):  # fmt: skip
     """Launch 1, every chunk at once: q's and k's norm factors, gates, beta and T into run's scratch.
 
@@ -817,19 +836,17 @@ def run_prepare_kernel(
         raise ValueError(f"q and k need one layout with packed heads: strides {q.stride()}, {k.stride()}")
     if a.stride() != b.stride() or a.stride(2) != 1:
         raise ValueError(f"a and b need one layout with packed heads: strides {a.stride()}, {b.stride()}")
-    if (HV // HK) % group_heads:
-        raise ValueError(
-            f"run_prepare_kernel: group_heads {group_heads} must divide the {HV // HK} value heads per key head"
-        )
+    if inverse not in INVERSES:
+        raise ValueError(f"run_prepare_kernel: inverse {inverse!r} is not one of {INVERSES}")
     warps = num_warps_for(bt * K, at=PREPARE_WARPS_AT) if num_warps is None else num_warps
-    _prepare_kernel[(run.plan.max_chunks * (HV // group_heads),)](
+    _prepare_kernel[(run.plan.max_chunks * HV,)](
         q=q, k=k, a=a, b=b, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, slots=slots,
         chunk_seq=run.plan.chunk_seq, chunk_cu=run.plan.chunk_cu,
         norms=s.norms, ts=s.ts, bs=s.bs, gs=s.gs, N=slots.numel(),
         HK=HK, HV=HV, K=K, BT=bt, KP=column_piece(K),
         QK_ROW=q.stride(0), G_ROW=a.stride(0), G_KH=a.stride(1), L2NORM=use_qk_l2norm,
         EPS=L2NORM_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, PREC=run.prec,
-        DOT_DTYPE=run.prep.dtype, DOT_PREC=run.prep.input_precision, GH=group_heads,
+        DOT_DTYPE=run.prep.dtype, DOT_PREC=run.prep.input_precision, DOUBLING=inverse == "doubling",
         **_launch_options(warps, num_stages),
     )  # fmt: skip
 

@@ -1,5 +1,5 @@
 """The shared Triton helpers of gdn_lab.ops.delta_rule_triton (and triton_common's `round_rne`) on the
-test device (its GPU, or the CPU interpreter): `round_rne` against torch's own casts, bit for bit; `_unit_lower_inverse` against a
+test device (its GPU, or the CPU interpreter): `round_rne` against torch's own casts, bit for bit; both inverses of I + A against a
 float64 inverse; `plan_chunks` against torch's cumsum and searchsorted; the three launches on
 column views of wider rows (the layer's conv output, its interleaved gates) against the same
 tensors copied out contiguous, bit for bit; the chunk dots' operand rule per input dtype, and the
@@ -13,7 +13,9 @@ import triton
 import triton.language as tl
 
 from gdn_lab.ops.delta_rule_triton import (
+    INVERSES,
     _unit_lower_inverse,
+    _unit_lower_inverse_doubling,
     chunked_run,
     plan_chunks,
     run_output_kernel,
@@ -61,10 +63,13 @@ def test_round_rne_is_torchs_cast(device, dtype):
 
 
 @triton.jit
-def _inverse_kernel(a, out, BT: tl.constexpr):
+def _inverse_kernel(a, out, BT: tl.constexpr, DOUBLING: tl.constexpr):
     o = tl.arange(0, BT)
     p = o[:, None] * BT + o[None, :]
-    tl.store(out + p, _unit_lower_inverse(tl.load(a + p), BT, "ieee"))
+    if DOUBLING:
+        tl.store(out + p, _unit_lower_inverse_doubling(tl.load(a + p), BT, "ieee"))
+    else:
+        tl.store(out + p, _unit_lower_inverse(tl.load(a + p), BT, "ieee"))
 
 
 def chunk_matrix(bt: int, seed: int) -> torch.Tensor:
@@ -77,12 +82,13 @@ def chunk_matrix(bt: int, seed: int) -> torch.Tensor:
     return torch.tril(beta[:, None] * (k @ k.T) * torch.exp(G[:, None] - G[None, :]), -1)
 
 
-@pytest.mark.parametrize("bt", [32, 64])
+@pytest.mark.parametrize("inverse", INVERSES)
+@pytest.mark.parametrize("bt", [16, 32, 64])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_unit_lower_inverse_is_the_inverse(device, bt, seed):
+def test_unit_lower_inverse_is_the_inverse(device, bt, seed, inverse):
     A = chunk_matrix(bt, seed)
     out = torch.empty(bt, bt, device=device)
-    _inverse_kernel[(1,)](A.to(device), out, BT=bt)
+    _inverse_kernel[(1,)](A.to(device), out, BT=bt, DOUBLING=inverse == "doubling")
     want = torch.linalg.inv(torch.eye(bt, dtype=torch.float64) + A.double())
     # IEEE float32 dots: a few ulps of the inverse's largest entries
     assert (out.cpu().double() - want).abs().max() <= 1e-5 * want.abs().max()
