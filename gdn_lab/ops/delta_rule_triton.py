@@ -110,9 +110,8 @@ def _unit_lower_inverse_doubling(A, BT: tl.constexpr, PREC: tl.constexpr):
     X = tl.where(o[:, None] == o[None, :], 1.0, 0.0) - tl.where((o // 2)[:, None] == (o // 2)[None, :], A, 0.0)
     for level in tl.static_range(1, 6):  # blocks of b = 2, 4, ..., BT / 2 (BT at most 64)
         if (2 << level) <= BT:
-            b: tl.constexpr = 1 << level
-            same = (o // (2 * b))[:, None] == (o // (2 * b))[None, :]
-            E = tl.where(same & ((o // b)[:, None] != (o // b)[None, :]), A, 0.0)
+            same = (o >> (level + 1))[:, None] == (o >> (level + 1))[None, :]
+            E = tl.where(same & ((o >> level)[:, None] != (o >> level)[None, :]), A, 0.0)
             X = X - tl.dot(tl.dot(X, E, input_precision=PREC), X, input_precision=PREC)
     return X
 
