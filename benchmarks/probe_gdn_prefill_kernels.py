@@ -73,7 +73,7 @@ SEGMENT_VARIANTS = [
 # of 16384 fp32 elements), output's OUTPUT_WARPS, and Triton's stages
 PARALLEL_VARIANTS = [(4, 1), (4, 2), (4, 3), (8, 1), (8, 2), (8, 3)]
 # the prepare's inverse of I + A, other than the default (delta_rule_triton.INVERSES)
-PREPARE_INVERSES = ["rows"]
+PREPARE_INVERSES = ["doubling"]
 # (block_v, warps, group_heads, group_tiles) of the output kernel's V tiles and of its programs (the
 # value heads of a key head and V tiles one program takes, sharing q k^T); its default is
 # (OUTPUT_BLOCK_V, OUTPUT_WARPS) grouped as `_output_groups` says, (64, 4, 1, 1) one value head's tile a

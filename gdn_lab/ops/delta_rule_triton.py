@@ -806,7 +806,7 @@ def column_piece(d: int) -> int:
 PREPARE_WARPS_AT = 16384
 # T's inverse: "doubling" (`_unit_lower_inverse_doubling`) or "rows" (`_unit_lower_inverse`)
 INVERSES = ("doubling", "rows")
-PREPARE_INVERSE = "doubling"
+PREPARE_INVERSE = "rows"
 
 
 def _launch_options(num_warps: int, num_stages: int | None) -> dict:

@@ -14,7 +14,7 @@ def test_smoke(tmp_path, run_smoke):
     assert any(r["block_v"] for r in rows if r["launch"] == "state")
     grouped = [r for r in rows if r["launch"] == "output" and r["group_heads"] == "2"]
     assert grouped and all(r["same_bits"] == "True" for r in rows if r["launch"] == "output" and r["block_v"])
-    assert {r["inverse"] for r in rows if r["launch"] == "prepare"} >= {"rows"}
+    assert {r["inverse"] for r in rows if r["launch"] == "prepare"} >= {"doubling"}
     assert {r["launch"] for r in rows if r["num_warps"] and not r["block_v"] and not r["segment_chunks"]} == {
         "prepare",
         "output",
