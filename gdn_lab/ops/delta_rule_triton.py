@@ -541,7 +541,8 @@ OUTPUT_WARPS = 4
 # One output program takes two value heads of a key head (where the heads pair up) and up to 128
 # values of each in its V tiles, forming q k^T once for them (the tiles' own dots are unchanged:
 # the same bits). On an H100 at 6d46f21 (probe_gdn_prefill_kernels, 4k-64k tokens, 1-16 sequences,
-# both head shapes): 0.75-0.78x the time of one (value head, tile) a program, every output equal.
+# both head shapes; again at 5e29fe9): 0.73-0.78x the time of one (value head, tile) a program, every
+# output bitwise equal to its.
 OUTPUT_GROUP_HEADS = 2
 OUTPUT_GROUP_VALUES = 128
 SEGMENT_CHUNKS = 128  # chunks per segment of the state recurrence: fixed, never per batch
@@ -804,8 +805,10 @@ def column_piece(d: int) -> int:
 # the prepare kernel's tiles of 64 x 128 took 0.66x the time at 4 warps as at 8 on the H200, at
 # every size and stage count (probe_gdn_prefill_kernels.csv of 76a8564); 8 only past that
 PREPARE_WARPS_AT = 16384
-# T's inverse: "doubling" (`_unit_lower_inverse_doubling`) or "rows" (`_unit_lower_inverse`)
-INVERSES = ("doubling", "rows")
+# T's inverse: "rows" (`_unit_lower_inverse`) or "doubling" (`_unit_lower_inverse_doubling`, ten
+# 64 x 64 dots instead of 15 row steps and four dots: the prepare took 1.03-1.30x the time on an H100
+# at 1297673, probe_gdn_prefill_kernels at 4k-64k tokens, both head shapes; data/bench/h100/README.md)
+INVERSES = ("rows", "doubling")
 PREPARE_INVERSE = "rows"
 
 

@@ -1,9 +1,10 @@
 """The shared Triton helpers of gdn_lab.ops.delta_rule_triton (and triton_common's `round_rne`) on the
-test device (its GPU, or the CPU interpreter): `round_rne` against torch's own casts, bit for bit; both inverses of I + A against a
-float64 inverse; `plan_chunks` against torch's cumsum and searchsorted; the three launches on
-column views of wider rows (the layer's conv output, its interleaved gates) against the same
-tensors copied out contiguous, bit for bit; the chunk dots' operand rule per input dtype, and the
-scratch kept on their grid against float32 scratch, bit for bit."""
+test device (its GPU, or the CPU interpreter): `round_rne` against torch's own casts, bit for bit;
+both inverses of I + A against a float64 inverse; `plan_chunks` against torch's cumsum and
+searchsorted; the three launches on column views of wider rows (the layer's conv output, its
+interleaved gates) against the same tensors copied out contiguous, bit for bit; the chunk dots'
+operand rule per input dtype, and the scratch kept on their grid against float32 scratch, bit for
+bit; the output launch's grouped programs against one head and tile a program, bit for bit."""
 
 import dataclasses
 
@@ -214,3 +215,38 @@ def test_scratch_on_the_operand_grid_gives_the_float32_scratch_bits(device):
     assert torch.equal(state_h, state_f)
     assert torch.equal(out_h, out_f)
     assert out_h.isfinite().all() and out_h.abs().max() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_output_programs_grouped_give_the_ungrouped_bits(device, dtype):
+    """The output launch's programs take one or two value heads of a key head and one or two V
+    tiles, sharing q k^T: every grouping writes every output bit the one-head, one-tile programs
+    write, over sequences of one chunk, several, a partial last one and a padding slot (zeros).
+    A grouping that does not divide the heads or tiles is refused before the launch."""
+    hk, hv, d, lengths = 2, 4, 32, [70, 5, 130]
+    T = sum(lengths)
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(T, hk, d, generator=g).to(dtype).to(device) for _ in range(2))
+    v = torch.randn(T, hv, d, generator=g).to(dtype).to(device)
+    a, b = (torch.randn(T, hv, generator=g).to(dtype).to(device) for _ in range(2))
+    A_log, dt_bias = torch.randn(hv, generator=g).to(device), torch.randn(hv, generator=g).to(device)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    slots = torch.tensor([2, -1, 1], dtype=torch.int32, device=device)
+    state = (0.1 * torch.randn(3, hv, d, d, generator=g)).to(device)
+    out = torch.empty(T, hv, d, dtype=dtype, device=device)
+    run = chunked_run(cu, out, hk, d, 64)
+    run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu, slots, True)
+    run_state_kernel(run, k, v, state, slots, cu)
+    outs = {}
+    for heads, tiles in [(1, 1), (2, 1), (1, 2), (2, 2)]:
+        o = torch.full_like(out, float("nan"))
+        run_output_kernel(run, q, k, d**-0.5, o, cu, slots, block_v=16, group_heads=heads, group_tiles=tiles)
+        outs[heads, tiles] = o
+    assert outs[1, 1].isfinite().all() and outs[1, 1][70:75].eq(0).all() and outs[1, 1].abs().max() > 0
+    for grouping, o in outs.items():
+        assert torch.equal(o, outs[1, 1]), f"group_heads, group_tiles = {grouping} changed bits"
+    for heads, tiles in [(3, 1), (1, 3)]:
+        with pytest.raises(ValueError, match="group_heads"):
+            run_output_kernel(run, q, k, d**-0.5, out, cu, slots, block_v=16, group_heads=heads, group_tiles=tiles)
+    with pytest.raises(ValueError, match="inverse 'lu'"):
+        run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu, slots, True, inverse="lu")
