@@ -77,7 +77,7 @@ PREPARE_INVERSES = ["doubling"]
 # (block_v, warps, group_heads, group_tiles) of the output kernel's V tiles and of its programs (the
 # value heads of a key head and V tiles one program takes, sharing q k^T); its default is
 # (OUTPUT_BLOCK_V, OUTPUT_WARPS) grouped as `_output_groups` says, (64, 4, 1, 1) one value head's tile a
-# program (the kernel before 6d46f21), (128, 8, 1, 1) the whole row of a head at 8 warps (before
+# program (the kernel before 5e29fe9), (128, 8, 1, 1) the whole row of a head at 8 warps (before
 # 68de164); the default tile at other warps and stages is PARALLEL_VARIANTS'. Not (32, 4): with bf16
 # dot operands, Triton 3.6's kernel for it made an illegal memory access on an H100 at 16/32, 16384
 # tokens in one sequence, which ends the process (data/bench/h100/diag_output_afb0139.log)
