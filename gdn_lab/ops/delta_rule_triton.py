@@ -540,7 +540,7 @@ OUTPUT_BLOCK_V = 64
 OUTPUT_WARPS = 4
 # One output program takes two value heads of a key head (where the heads pair up) and up to 128
 # values of each in its V tiles, forming q k^T once for them (the tiles' own dots are unchanged:
-# the same bits). On an H100 at 6d46f21 (probe_gdn_prefill_kernels, 4k-64k tokens, 1-16 sequences,
+# the same bits). On an H100 at 6d46f21 (probe_gdn_prefill_kernels, 4k-64k tokens in 1-16 equal sequences,
 # both head shapes; again at 5e29fe9): 0.73-0.78x the time of one (value head, tile) a program, every
 # output bitwise equal to its.
 OUTPUT_GROUP_HEADS = 2

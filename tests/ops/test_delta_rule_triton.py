@@ -217,13 +217,15 @@ def test_scratch_on_the_operand_grid_gives_the_float32_scratch_bits(device):
     assert out_h.isfinite().all() and out_h.abs().max() > 0
 
 
+@pytest.mark.parametrize("hk, hv", [(2, 4), (3, 3), (1, 4)], ids=["2-per-key", "1-per-key", "4-per-key"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_output_programs_grouped_give_the_ungrouped_bits(device, dtype):
+def test_output_programs_grouped_give_the_ungrouped_bits(device, dtype, hk, hv):
     """The output launch's programs take one or two value heads of a key head and one or two V
-    tiles, sharing q k^T: every grouping writes every output bit the one-head, one-tile programs
-    write, over sequences of one chunk, several, a partial last one and a padding slot (zeros).
-    A grouping that does not divide the heads or tiles is refused before the launch."""
-    hk, hv, d, lengths = 2, 4, 32, [70, 5, 130]
+    tiles, sharing q k^T: every grouping, the default's (two heads only where they pair up)
+    among them, writes every output bit the one-head, one-tile programs write, over sequences of
+    one chunk, several, a partial last one and a padding slot (zeros), with 1, 2 and 4 value heads
+    per key head. A grouping that does not divide the heads or tiles is refused before the launch."""
+    d, lengths = 32, [70, 5, 130]
     T = sum(lengths)
     g = torch.Generator().manual_seed(3)
     q, k = (torch.randn(T, hk, d, generator=g).to(dtype).to(device) for _ in range(2))
@@ -238,14 +240,15 @@ def test_output_programs_grouped_give_the_ungrouped_bits(device, dtype):
     run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu, slots, True)
     run_state_kernel(run, k, v, state, slots, cu)
     outs = {}
-    for heads, tiles in [(1, 1), (2, 1), (1, 2), (2, 2)]:
+    r = hv // hk
+    for heads, tiles in [(1, 1), (None, None), *((h, t) for h in (1, 2) for t in (1, 2) if r % h == 0)]:
         o = torch.full_like(out, float("nan"))
         run_output_kernel(run, q, k, d**-0.5, o, cu, slots, block_v=16, group_heads=heads, group_tiles=tiles)
         outs[heads, tiles] = o
     assert outs[1, 1].isfinite().all() and outs[1, 1][70:75].eq(0).all() and outs[1, 1].abs().max() > 0
     for grouping, o in outs.items():
         assert torch.equal(o, outs[1, 1]), f"group_heads, group_tiles = {grouping} changed bits"
-    for heads, tiles in [(3, 1), (1, 3)]:
+    for heads, tiles in [(r + 1, 1), (1, 3)]:
         with pytest.raises(ValueError, match="group_heads"):
             run_output_kernel(run, q, k, d**-0.5, out, cu, slots, block_v=16, group_heads=heads, group_tiles=tiles)
     with pytest.raises(ValueError, match="inverse 'lu'"):
