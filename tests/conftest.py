@@ -6,6 +6,10 @@ and a kernel decorated in one mode cannot be called in the other, so the variabl
 here, before any test module imports a kernel: 1 for cpu (Triton's interpreter), 0 for cuda.
 A test that needs the other mode runs it in a subprocess with its own environment.
 
+A sticky GPU error (an illegal memory access, a device-side assert) ends the session at the test
+where it surfaced: the CUDA context is lost, and every later test of the process would fail for
+it, blaming innocent tests (on an H100 at 693088c, one fault failed the 13 tests after it).
+
 As flash-linear-attention's conftest: uninitialized memory is NaN, so a kernel that reads what it
 never wrote fails loudly instead of passing on leftover zeros.
 """
@@ -43,6 +47,31 @@ def pytest_configure(config):
 def pytest_report_header(config):
     dev = config.stash[DEVICE_KEY]
     return f"gdn_lab test device: {dev} (TRITON_INTERPRET={os.environ['TRITON_INTERPRET']})"
+
+
+# what CUDA (and HIP) say once a kernel has broken the context: every later call fails the same way
+STICKY_GPU_ERRORS = (
+    "an illegal memory access was encountered",
+    "unspecified launch failure",
+    "misaligned address",
+    "device-side assert triggered",
+    "illegal instruction was encountered",
+)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    # an assertion's message may quote such an error (a test of this hook): only raised errors count
+    if report.failed and call.excinfo is not None and not isinstance(call.excinfo.value, AssertionError):
+        text = str(call.excinfo.value)
+        sticky = next((e for e in STICKY_GPU_ERRORS if e in text), None)
+        if sticky is not None:
+            item.session.shouldstop = (
+                f"the GPU context is lost ({sticky}) in {item.nodeid}: the later tests of this process "
+                "would fail for it; rerun that test alone with CUDA_LAUNCH_BLOCKING=1 to find the launch"
+            )
+    return report
 
 
 @pytest.fixture(scope="session")
