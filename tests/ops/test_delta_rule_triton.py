@@ -225,9 +225,10 @@ def test_output_programs_grouped_give_the_ungrouped_bits(device, dtype, hk, hv):
     among them, writes every output bit the one-head, one-tile programs write, over sequences of
     one chunk, several, a partial last one and a padding slot (zeros), with 1, 2 and 4 value heads
     per key head. A grouping that does not divide the heads or tiles is refused before the launch.
-    Head dim 128 in the default tile of 64 values: two tiles a head. (Tiles of 16 values at head dim
-    32 made an illegal memory access on an H100 with Triton 3.6, as 32 at head dim 128 had in
-    data/bench/h100/diag_output_afb0139.log; the backends never launch tiles below 64 values.)"""
+    Head dim 128 in the backends' tile of 64 values: two tiles a head. (At head dim 32 in tiles of
+    16 values this test made an illegal memory access on an H100 with Triton 3.6, as tiles of 32 at
+    head dim 128 had in data/bench/h100/diag_output_afb0139.log; the backends' tile is 64 values,
+    or the whole row where it is narrower.)"""
     d, lengths = 128, [70, 5, 130]
     T = sum(lengths)
     g = torch.Generator().manual_seed(3)
