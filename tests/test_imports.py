@@ -49,6 +49,8 @@ LAYERS: dict[str, int] = {
     "gdn_lab.package_data": 1,
     # Triton's interpreter without the work it repeats (imports triton only when installing)
     "gdn_lab.interpreter": 1,
+    # the interpreter's out-of-bounds check (imports triton only inside its block)
+    "gdn_lab.out_of_bounds": 1,
     # what the ops stand on. rules sit below ops because a backend carries its dispatch rule
     # (Backend.rule) and kernels read rule tables; aiter below ops because AITER's backends load
     # through it; rules may import aiter (its install hint, emulated devices, installed tables).

@@ -217,19 +217,11 @@ def test_scratch_on_the_operand_grid_gives_the_float32_scratch_bits(device):
     assert out_h.isfinite().all() and out_h.abs().max() > 0
 
 
-@pytest.mark.parametrize("hk, hv", [(2, 4), (3, 3), (1, 4)], ids=["2-per-key", "1-per-key", "4-per-key"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_output_programs_grouped_give_the_ungrouped_bits(device, dtype, hk, hv):
-    """The output launch's programs take one or two value heads of a key head and one or two V
-    tiles, sharing q k^T: every grouping, the default's (two heads only where they pair up)
-    among them, writes every output bit the one-head, one-tile programs write, over sequences of
-    one chunk, several, a partial last one and a padding slot (zeros), with 1, 2 and 4 value heads
-    per key head. A grouping that does not divide the heads or tiles is refused before the launch.
-    Head dim 128 in the backends' tile of 64 values: two tiles a head. (At head dim 32 in tiles of
-    16 values this test made an illegal memory access on an H100 with Triton 3.6, as tiles of 32 at
-    head dim 128 had in data/bench/h100/diag_output_afb0139.log; the backends' tile is 64 values,
-    or the whole row where it is narrower.)"""
-    d, lengths = 128, [70, 5, 130]
+def _prepared(device, dtype, hk, hv, d):
+    """The prepare and state launches over sequences of one chunk (70 tokens), a padding slot (5)
+    and several chunks with a partial last one (130): (run, q, k, a, b, A_log, dt_bias, cu, slots,
+    out) for the output launch."""
+    lengths = [70, 5, 130]
     T = sum(lengths)
     g = torch.Generator().manual_seed(3)
     q, k = (torch.randn(T, hk, d, generator=g).to(dtype).to(device) for _ in range(2))
@@ -243,6 +235,23 @@ def test_output_programs_grouped_give_the_ungrouped_bits(device, dtype, hk, hv):
     run = chunked_run(cu, out, hk, d, 64)
     run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu, slots, True)
     run_state_kernel(run, k, v, state, slots, cu)
+    return run, q, k, a, b, A_log, dt_bias, cu, slots, out
+
+
+@pytest.mark.parametrize("hk, hv", [(2, 4), (3, 3), (1, 4)], ids=["2-per-key", "1-per-key", "4-per-key"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_output_programs_grouped_give_the_ungrouped_bits(device, dtype, hk, hv):
+    """The output launch's programs take one or two value heads of a key head and one or two V
+    tiles, sharing q k^T: every grouping, the default's (two heads only where they pair up)
+    among them, writes every output bit the one-head, one-tile programs write, over sequences of
+    one chunk, several, a partial last one and a padding slot (zeros), with 1, 2 and 4 value heads
+    per key head. A grouping that does not divide the heads or tiles is refused before the launch.
+    Head dim 128 in the backends' tile of 64 values: two tiles a head. (At head dim 32 in tiles of
+    16 values this test made an illegal memory access on an H100 with Triton 3.6, as tiles of 32 at
+    head dim 128 had in data/bench/h100/diag_output_afb0139.log; the backends' tile is 64 values,
+    or the whole row where it is narrower.)"""
+    d = 128
+    run, q, k, a, b, A_log, dt_bias, cu, slots, out = _prepared(device, dtype, hk, hv, d)
     outs = {}
     r = hv // hk
     for heads, tiles in [(1, 1), (None, None), *((h, t) for h in (1, 2) for t in (1, 2) if r % h == 0)]:
@@ -257,3 +266,21 @@ def test_output_programs_grouped_give_the_ungrouped_bits(device, dtype, hk, hv):
             run_output_kernel(run, q, k, d**-0.5, out, cu, slots, group_heads=heads, group_tiles=tiles)
     with pytest.raises(ValueError, match="inverse 'lu'"):
         run_prepare_kernel(run, q, k, a, b, A_log, dt_bias, cu, slots, True, inverse="lu")
+
+
+@pytest.mark.parametrize("d, block_v", [(32, 16), (32, 32), (128, 32), (128, 64)])
+def test_every_launch_stays_inside_its_tensors(device, d, block_v):
+    """Under the interpreter, every address the prepare, state and output launches load or store
+    (after their masks) lies inside one of their tensor arguments, at the backends' tiles and at
+    smaller ones, grouped and not. Tiles of 16 values at head dim 32 and of 32 at head dim 128 made
+    illegal memory accesses on an H100 with Triton 3.6 (data/bench/h100/README.md, session 48):
+    these addresses are not the cause."""
+    if device.type != "cpu":
+        pytest.skip("the interpreter's hooks (a CPU session)")
+    from gdn_lab.out_of_bounds import out_of_bounds
+
+    with out_of_bounds() as found:
+        run, q, k, _, _, _, _, cu, slots, out = _prepared(device, torch.float32, 2, 4, d)
+        for heads, tiles in [(1, 1), (2, d // block_v)]:  # one (head, tile) a program, or all of a key head
+            run_output_kernel(run, q, k, d**-0.5, out, cu, slots, block_v=block_v, group_heads=heads, group_tiles=tiles)
+    assert found == []
