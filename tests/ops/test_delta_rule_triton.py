@@ -269,7 +269,8 @@ def test_output_programs_grouped_give_the_ungrouped_bits(device, dtype, hk, hv):
 
 
 @pytest.mark.parametrize("d, block_v", [(32, 16), (32, 32), (128, 32), (128, 64)])
-def test_every_launch_stays_inside_its_tensors(device, d, block_v):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_every_launch_stays_inside_its_tensors(device, dtype, d, block_v):
     """Under the interpreter, every address the prepare, state and output launches load or store
     (after their masks) lies inside one of their tensor arguments, at the backends' tiles and at
     smaller ones, grouped and not. Tiles of 16 values at head dim 32 and of 32 at head dim 128 made
@@ -280,7 +281,7 @@ def test_every_launch_stays_inside_its_tensors(device, d, block_v):
     from gdn_lab.out_of_bounds import out_of_bounds
 
     with out_of_bounds() as found:
-        run, q, k, _, _, _, _, cu, slots, out = _prepared(device, torch.float32, 2, 4, d)
+        run, q, k, _, _, _, _, cu, slots, out = _prepared(device, dtype, 2, 4, d)
         for heads, tiles in [(1, 1), (2, d // block_v)]:  # one (head, tile) a program, or all of a key head
             run_output_kernel(run, q, k, d**-0.5, out, cu, slots, block_v=block_v, group_heads=heads, group_tiles=tiles)
     assert found == []
