@@ -79,8 +79,7 @@ def out_of_bounds() -> Iterator[list[Access]]:
         found.append(Access(launch["kernel"], kind, int((~inside).sum()), first, min(distance, default=(0, ""))[1]))
 
     def launched(self: Any, *args: Any, **kwargs: Any) -> Any:
-        names = list(getattr(self, "arg_names", [])) or [str(i) for i in range(len(args))]
-        named = [*zip(names, args, strict=False), *kwargs.items()]
+        named = [*zip(self.arg_names, args, strict=False), *kwargs.items()]
         launch["kernel"] = getattr(self.fn, "__name__", repr(self.fn))
         launch["tensors"] = [
             (f"{name}{list(t.shape)} {str(t.dtype).removeprefix('torch.')}", _extent(t))
