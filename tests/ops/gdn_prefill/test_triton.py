@@ -157,6 +157,25 @@ def test_segment_parallel_recurrence_matches_the_token_by_token_reference(device
     assert state[4].isnan().all(), "the unowned slot stays untouched"
 
 
+@pytest.mark.parametrize("d", [16, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_the_segmented_run_stays_inside_its_tensors(device, dtype, d):
+    """Under the interpreter every address the segmented run loads or stores (the chunk plans, the
+    prepare, the segments' maps and entering states, the state and output launches) lies inside
+    its tensors: sequences of one segment and of two and five, partial last chunks, a padding slot
+    and a spare pool slot. (The delta rule's bounds test covers the unsegmented launches.)"""
+    from gdn_lab.ops.triton_support import interpreting
+    from gdn_lab.out_of_bounds import out_of_bounds
+
+    if not interpreting():
+        pytest.skip("the interpreter's hooks (a CPU session)")
+    lengths, slots = (1, 40, 7, 64, 150), [4, 0, 1, -1, 2]  # a cut sequence last: its maps end the buffer
+    args = batch_args(range(len(lengths)), lengths, slots, device, hk=1, hv=2, d=d, dtype=dtype, spare=1)
+    with out_of_bounds() as found:
+        out, _ = chunked(args, **SEGMENTED)
+    assert found == [] and out.isfinite().all()
+
+
 def test_only_sequences_past_the_threshold_are_cut(device):
     """A sequence of up to `segment_from` tokens (three chunks here, more than a segment) is one
     segment and runs the serial recurrence: bitwise the uncut run. A longer one is cut into segments
