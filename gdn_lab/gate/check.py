@@ -6,7 +6,8 @@ Findings (the gate fails, exit 1):
 - "control no longer caught": an op's batch-variant control that was caught is not any more (the
   run can no longer see batch variance);
 - "numerics changed": a hash of an output or state differs, on the same device, arch and library
-  version, for a backend whose hashes are reproducible across processes;
+  version (and, for Triton kernels under the interpreter, numpy's BLAS kernel), for a backend whose
+  hashes are reproducible across processes;
 - "predicted switch not observed" / "unpredicted difference": a dispatch rule's prediction that
   held no longer does;
 - "no longer runs": a case that ran does not (not covered, or an error).
@@ -30,7 +31,9 @@ from typing import Any
 import pandas as pd
 
 KEY = ("op", "backend", "kv_dtype", "dtype", "target_len", "batch_size", "trial", "tensor")
-# What decides a result's bits besides the code: compared before hashes are.
+# What decides a result's bits besides the code: compared before hashes are. For every library but
+# torch (whose CPU kernels are its own) also `blas_core`, numpy's BLAS kernel, which the fingerprint
+# records under Triton's interpreter only: there a tl.dot is numpy's matmul.
 ENV_KEYS = ("platform", "device", "arch", "cpu_capability", "cpu_model", "torch", "triton", "triton_interpret")
 # The package whose version a backend's library is.
 LIBRARY_VERSION = {
@@ -70,6 +73,8 @@ class CheckResult:
 def environment_differences(a: Mapping[str, Any], b: Mapping[str, Any], library: str | None = None) -> list[str]:
     """The environment keys on which two fingerprints differ ("torch: 2.11 -> 2.13"), for a library."""
     keys = [*ENV_KEYS, *([LIBRARY_VERSION[library]] if library in LIBRARY_VERSION else [])]
+    if library != "torch":
+        keys.append("blas_core")
     return [f"{k}: {a.get(k)} -> {b.get(k)}" for k in dict.fromkeys(keys) if a.get(k) != b.get(k)]
 
 

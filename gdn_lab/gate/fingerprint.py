@@ -114,11 +114,45 @@ def cpu_capability() -> str | None:
         return None
 
 
+_CORENAME = (
+    "scipy_openblas_get_corename64_",
+    "scipy_openblas_get_corename",
+    "openblas_get_corename64_",
+    "openblas_get_corename",
+)
+
+
+def blas_core() -> str | None:
+    """The kernel numpy's OpenBLAS picked for this CPU (SkylakeX, Haswell, Zen, ...); None where
+    numpy links another BLAS or the loaded libraries cannot be listed (Linux's /proc/self/maps).
+    Under Triton's interpreter a tl.dot is numpy's matmul, whose sums follow this kernel: on one
+    CPU, OPENBLAS_CORETYPE=Haswell changed 58 hashes of the cpu-smoke gate."""
+    import ctypes
+
+    import numpy  # noqa: F401  (loads its OpenBLAS)
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for name in _CORENAME:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return fn().decode()
+    return None
+
+
 def environment(device: torch.device) -> dict[str, Any]:
-    """The fingerprint's environment: the device fingerprint plus what decides CPU numerics."""
+    """The fingerprint's environment: the device fingerprint plus what decides CPU numerics (the
+    BLAS kernel only under Triton's interpreter, the one place numpy computes a kernel's sums)."""
     env = dict(environment_fingerprint(device))
     env["cpu_capability"] = cpu_capability()
     env["cpu_model"] = _cpu_model()
+    env["blas_core"] = blas_core() if env.get("triton_interpret") else None
     return env
 
 

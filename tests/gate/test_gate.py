@@ -4,6 +4,9 @@ tampered file and bad files are each caught, with the exit codes `gdn-lab check`
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,8 +14,8 @@ import yaml
 
 from gdn_lab import cli, routing
 from gdn_lab.gate import golden
-from gdn_lab.gate.check import check_documents
-from gdn_lab.gate.fingerprint import GateConfig, fingerprint
+from gdn_lab.gate.check import check_documents, environment_differences
+from gdn_lab.gate.fingerprint import GateConfig, blas_core, environment, fingerprint
 from gdn_lab.ops.gdn_decode.reference import gdn_decode_torch
 
 # FlyDSL's tuned table (the k-split control) splits K in 32 for one request and 16 for 2..32 at 4/8
@@ -94,6 +97,31 @@ def test_another_environment_compares_verdicts_only(gate):
     tampered["cases"][0]["alone_hash"] = "0" * 16
     result = check_documents(tampered, now)
     assert result.ok and not result.hashes_compared and "torch: " in " ".join(result.environment.values())
+
+
+def test_numpys_blas_kernel_counts_for_the_triton_kernels_only():
+    """Under the interpreter a tl.dot is numpy's matmul: another BLAS kernel compares the Triton
+    libraries' verdicts only, and torch's CPU kernels (not numpy's) keep their hashes compared."""
+    a = {"platform": "cpu", "torch": "2", "triton": "3", "blas_core": "SkylakeX"}
+    b = {**a, "blas_core": "Haswell"}
+    assert environment_differences(a, b, "torch") == []
+    for library in ("gdn_lab-triton", "aiter-triton", "fla"):
+        assert environment_differences(a, b, library) == ["blas_core: SkylakeX -> Haswell"]
+
+
+def test_the_fingerprint_names_the_blas_kernel_under_the_interpreter(device):
+    """The kernel OpenBLAS picked, as OPENBLAS_CORETYPE forces it in a fresh process; None off the
+    interpreter (numpy computes no kernel's sums there)."""
+    env = environment(device)
+    if not env["triton_interpret"]:
+        assert env["blas_core"] is None
+        return
+    if env["blas_core"] is None or env["cpu_capability"] not in ("AVX2", "AVX512"):
+        pytest.skip("no OpenBLAS that names its kernel, or no AVX2 for Haswell's")
+    code = "from gdn_lab.gate.fingerprint import blas_core; print(blas_core())"
+    forced = {**os.environ, "OPENBLAS_CORETYPE": "Haswell"}
+    out = subprocess.run([sys.executable, "-c", code], env=forced, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "Haswell" and env["blas_core"] == blas_core()
 
 
 def _preset(tmp_path, cases, device):
