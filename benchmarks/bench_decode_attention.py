@@ -35,8 +35,8 @@ its `verdict` (`mark_invariance`: our equality where the control was not caught 
 and `plans` rows: the same batch under every kind of plan (fine and coarse, short and long spans),
 each compared bitwise with the auto plan. `--sweep` adds `sweep` rows: partition-kernel
 configurations (block_n x warps x stages x register cap, a few per head dim and dtype) and forced
-plans, at B = 1, 8, 64, 256 (ctx 4k and 16k), for choosing the fixed table and the plan policy (a
-few more minutes).
+plans, at B = 1, 8, 64, 256 (ctx 4k and 16k) or, when --batches or --contexts is given, at the
+run's batches x contexts, for choosing the fixed table and the plan policy (a few more minutes).
 Every row carries the environment fingerprint (`env_*`). Run from the repository root:
 
     python3 benchmarks/bench_decode_attention.py --out OUT_DIR            # the H200 run
@@ -121,11 +121,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--page-sizes", default="16,1", help="page sizes of our kernels")
     p.add_argument("--max-gb", type=float, default=40.0, help="skip cases whose caches exceed this many GB")
     p.add_argument("--rep-ms", type=float, default=25.0, help="replay time budget per measurement (ms)")
-    p.add_argument("--sweep", action="store_true", help="also sweep the partition kernel's configuration")
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also sweep the partition kernel's configuration and plans (at --batches x --contexts when given)",
+    )
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    chosen = a.batches is not None or a.contexts is not None
     a.batches = [int(x) for x in (a.batches or ("2" if a.smoke else "1,8,64,256")).split(",")]
     a.contexts = [int(x) for x in (a.contexts or ("320" if a.smoke else "1024,4096,16384,65536")).split(",")]
+    if chosen:  # the sweep runs at the cases asked for
+        a.sweep_cases = list(itertools.product(a.batches, a.contexts))
+    else:
+        a.sweep_cases = (
+            [(3, 320)] if a.smoke else [(1, 4096), (1, 16384), (8, 4096), (8, 16384), (64, 4096), (256, 4096)]
+        )
     a.shapes = [
         tuple(int(x) for x in s.split("/"))
         for s in (a.shapes or ("4/2/64" if a.smoke else "32/8/128,16/2/256")).split(",")
@@ -402,11 +413,10 @@ class Bench:
             )  # fmt: skip
 
     def sweep(self, hq: int, hkv: int, d: int) -> None:
-        """Partition-kernel configurations and forced plans at B = 1, 8, 64, 256 (tuning input)."""
+        """Partition-kernel configurations and forced plans at the sweep's cases (tuning input)."""
         mod = self.kernels()
         smoke = self.args.smoke
-        cases = [(3, 320)] if smoke else [(1, 4096), (1, 16384), (8, 4096), (8, 16384), (64, 4096), (256, 4096)]
-        for B, ctx in cases:
+        for B, ctx in self.args.sweep_cases:
             case = Case(B, ctx, hq, hkv, d, self.device, self.args.seed)
             base = {"kind": "sweep", "impl": "triton", "Hq": hq, "Hkv": hkv, "D": d, "B": B, "ctx": ctx}
             for kv, ps in itertools.product(self.args.kv_dtypes, self.args.page_sizes):

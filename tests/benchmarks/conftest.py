@@ -1,4 +1,5 @@
-"""How the benchmark tests run a script: the `run_smoke` fixture, `run_smoke("bench_x.py", *args)`.
+"""How the benchmark tests run a script: the `run_smoke` fixture, `run_smoke("bench_x.py", *args)`,
+and import one: `load_script("bench_x.py")`.
 
 A script's `--smoke` mode runs tiny shapes on the session's device (tests/conftest.py): on the CPU
 under Triton's interpreter, on a GPU compiled (`--device cuda`; the H200 machine's Triton 3.6
@@ -10,6 +11,7 @@ come from PYTHONPATH keeps them).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -37,3 +39,19 @@ def run_smoke(device):
         return done
 
     return run
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """`load_script(script)`: a benchmark script imported in this process (its argument parsing and
+    helpers), registered in sys.modules under its name, where its dataclasses look it up."""
+
+    def load(script: str):
+        name = Path(script).stem
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / script)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

@@ -1,19 +1,11 @@
 """benchmarks/bench_common.py: the invariance verdicts every benchmark's invariance rows get."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def common():
-    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "bench_common.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def common(load_script):
+    return load_script("bench_common.py")
 
 
 def rows_of(*cases):

@@ -58,6 +58,14 @@ def test_smoke_sweep_summary(tmp_path, run_smoke):
     sweep = [r for r in rows if r["kind"] == "sweep"]
     assert {r["note"] for r in sweep} >= {"default config", "forced plan"}
     assert "sweep D=64 bf16 page 16" in out and "vs sdpa / vs control" in out
+    assert {(r["B"], r["ctx"]) for r in sweep} == {("3", "320")}  # the smoke sweep's own case
+
+
+def test_the_sweep_runs_at_the_batches_and_contexts_asked_for(load_script):
+    bench = load_script(SCRIPT)
+    args = bench.parse_args(["--out", "x", "--sweep", "--batches", "16,32", "--contexts", "1024"])
+    assert args.sweep_cases == [(16, 1024), (32, 1024)]
+    assert bench.parse_args(["--out", "x", "--sweep"]).sweep_cases[0] == (1, 4096)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")

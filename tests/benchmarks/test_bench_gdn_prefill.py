@@ -5,20 +5,8 @@ The controls' variance is asserted where it was measured at these shapes: the CP
 
 import csv
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("bench_gdn_prefill", ROOT / "benchmarks" / "bench_gdn_prefill.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -59,8 +47,8 @@ def test_smoke(tmp_path, run_smoke, device):
         assert {v for (_, _, i), v in verdicts.items() if "by-batch" not in i} == {"invariant"}
 
 
-def test_the_heads_default_to_both_targets_shapes_and_bad_pairs_are_refused(tmp_path, capsys):
-    bench = load()
+def test_the_heads_default_to_both_targets_shapes_and_bad_pairs_are_refused(tmp_path, capsys, load_script):
+    bench = load_script("bench_gdn_prefill.py")
     shapes = bench.parse_args(["--out", str(tmp_path)]).shapes
     assert [(s.hk, s.hv, s.d) for s in shapes] == [(4, 8, 128), (16, 32, 128)]
     assert [(s.hk, s.hv) for s in bench.parse_args(["--out", "x", "--heads", "2/8"]).shapes] == [(2, 8)]

@@ -9,24 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+
+@pytest.fixture
+def bench(load_script):
+    return load_script("bench_trace.py")
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("bench_trace", ROOT / "benchmarks" / "bench_trace.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_smoke(tmp_path):
-    mod = load()
-    assert mod.main(["--smoke", "--out", str(tmp_path), "--reps", "2"]) == 0
+def test_smoke(bench, tmp_path):
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--reps", "2"]) == 0
     with (tmp_path / "bench_trace.csv").open() as f:
         reader = csv.DictReader(f)
         rows = list(reader)
     columns = reader.fieldnames
-    assert columns[: len(mod.COLUMNS)] == mod.COLUMNS
+    assert columns[: len(bench.COLUMNS)] == bench.COLUMNS
     assert {"env_torch", "env_device", "env_triton"} <= set(columns)
     shapes = {(r["batch"], r["tokens_per_request"]) for r in rows}
     assert shapes == {("1", "8"), ("4", "2")}
@@ -62,10 +57,9 @@ def _rows(mod, out: Path, *extra: str) -> dict:
         return {(r["model"], r["mode"]): r for r in csv.DictReader(f)}
 
 
-def test_inference_mode_records_the_same_calls_reading_activations_at_every_call(tmp_path):
-    mod = load()
-    no_grad = _rows(mod, tmp_path / "no_grad")
-    inference = _rows(mod, tmp_path / "inference", "--inference-mode")
+def test_inference_mode_records_the_same_calls_reading_activations_at_every_call(bench, tmp_path):
+    no_grad = _rows(bench, tmp_path / "no_grad")
+    inference = _rows(bench, tmp_path / "inference", "--inference-mode")
     assert no_grad.keys() == inference.keys()
     for key, r in inference.items():
         assert r["grad_mode"] == "inference_mode" and r["status"] in ("ok", "skipped"), r["reason"]
@@ -77,14 +71,14 @@ def test_inference_mode_records_the_same_calls_reading_activations_at_every_call
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the full run is the GPU's")
-def test_without_a_gpu_the_full_run_asks_for_smoke(tmp_path, capsys):
-    assert load().main(["--out", str(tmp_path)]) == 2
+def test_without_a_gpu_the_full_run_asks_for_smoke(bench, tmp_path, capsys):
+    assert bench.main(["--out", str(tmp_path)]) == 2
     assert "--smoke" in capsys.readouterr().err
 
 
-def test_a_timeline_of_one_mode_is_written_beside_the_csv(tmp_path, capsys):
+def test_a_timeline_of_one_mode_is_written_beside_the_csv(bench, tmp_path, capsys):
     argv = ["--smoke", "--out", str(tmp_path), "--models", "lab", "--shapes", "4x2", "--modes", "plain,ops"]
-    assert load().main([*argv, "--reps", "1", "--timeline", "ops"]) == 0
+    assert bench.main([*argv, "--reps", "1", "--timeline", "ops"]) == 0
     printed = capsys.readouterr().out
     assert "[timeline] lab-qwen3-next-tp4 4x2 ops: 3 forwards in" in printed
     path = tmp_path / "timeline_lab-qwen3-next-tp4_4x2_ops.json.gz"
@@ -95,9 +89,9 @@ def test_a_timeline_of_one_mode_is_written_beside_the_csv(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("option", ["--profile", "--timeline"])
-def test_a_profile_or_timeline_of_a_mode_that_does_not_run_is_refused(tmp_path, capsys, option):
+def test_a_profile_or_timeline_of_a_mode_that_does_not_run_is_refused(bench, tmp_path, capsys, option):
     with pytest.raises(SystemExit) as exc:
-        load().main(["--smoke", "--out", str(tmp_path), "--modes", "plain,modules", option, "ops"])
+        bench.main(["--smoke", "--out", str(tmp_path), "--modes", "plain,modules", option, "ops"])
     assert exc.value.code == 2
     assert f"{option}: 'ops' is not among the modes run; accepted: plain, modules" in capsys.readouterr().err
     assert not (tmp_path / "bench_trace.csv").exists()
