@@ -133,11 +133,14 @@ def blas_core() -> str | None:
 
     try:
         with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+            paths = {line.split(maxsplit=5)[-1].strip() for line in f if "openblas" in line.lower()}
     except OSError:
         return None
     for path in sorted(paths):
-        lib = ctypes.CDLL(path)
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:  # mapped, but not a library this process can open again
+            continue
         for name in _CORENAME:
             fn = getattr(lib, name, None)
             if fn is not None:
