@@ -114,6 +114,8 @@ def cpu_capability() -> str | None:
         return None
 
 
+# OpenBLAS's corename function as numpy's wheels export it: scipy-openblas (numpy >= 2, ILP64 and
+# LP64) and numpy 1.26's openblas64_ and plain builds.
 _CORENAME = (
     "scipy_openblas_get_corename64_",
     "scipy_openblas_get_corename",
