@@ -167,9 +167,11 @@ _LDS_STAGES = {("gfx942", "16bit"): 2, ("gfx942", "fp8"): 3}
 _INTERPRETER_CONFIG = DecodeConfig(64, 4, 1, 1)
 
 # Plan policy (bit-neutral): coarse once the batch has at least the config's coarse_fill nodes
-# per SM; a coarse plan's programs then walk as many nodes each as keep PROGRAMS_PER_SM programs
-# per SM, a fine plan's as few blocks as keep at most PROGRAMS_PER_SM. Spans divide the request's
-# nodes (coarse) or a node's blocks (fine): a shorter last span leaves its SM idle.
+# per SM; a coarse plan's programs then walk the nodes per PROGRAMS_PER_SM-per-SM slot, rounded to
+# the nearest (rounding down cost up to 10 % at 1.5-2 and 3.5-4 nodes a slot with fp8 on an H100:
+# data/bench/h100/probe_decode_coarse_rule_dde0bec.log), a fine plan's as few blocks as keep at
+# most PROGRAMS_PER_SM. Spans divide the request's nodes (coarse) or a node's blocks (fine): a
+# shorter last span leaves its SM idle.
 PROGRAMS_PER_SM = 2
 
 
@@ -208,16 +210,16 @@ def decode_plan(batch: int, num_kv_heads: int, max_len: int, num_sms: int, confi
     """The plan for a batch (its size, KV heads, the grid bound, the SM count): bit-neutral.
 
     Coarse (a node per stored row) when the batch holds at least `config.coarse_fill` nodes per
-    SM, with the most nodes per program (a divisor of the request's nodes) that keep
-    PROGRAMS_PER_SM programs per SM; else fine (every block stored), with the fewest blocks per
-    program (a divisor of a node's blocks) that keep at most PROGRAMS_PER_SM.
+    SM, with the most nodes per program (a divisor of the request's nodes) up to the nodes per
+    PROGRAMS_PER_SM-per-SM slot rounded to the nearest; else fine (every block stored), with the
+    fewest blocks per program (a divisor of a node's blocks) that keep at most PROGRAMS_PER_SM.
     """
     pairs = batch * num_kv_heads
     n_blocks = triton.cdiv(max_len, config.block_n)
     n_nodes = triton.cdiv(n_blocks, config.node_blocks)
     slots = PROGRAMS_PER_SM * num_sms
     if pairs * n_nodes >= config.coarse_fill * num_sms:
-        most = max(1, pairs * n_nodes // slots)
+        most = max(1, (2 * pairs * n_nodes + slots) // (2 * slots))
         return DecodePlan(config.node_blocks, _divisor_from(n_nodes, min(most, n_nodes), -1) * config.node_blocks)
     least = max(1, -(-pairs * n_blocks // slots))
     return DecodePlan(1, _divisor_from(config.node_blocks, min(least, config.node_blocks), 1))

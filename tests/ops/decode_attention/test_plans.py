@@ -11,7 +11,9 @@ coarse. Lengths sit at and around every edge the structure names, under the inte
 
 from __future__ import annotations
 
+import math
 import random
+from fractions import Fraction
 
 import pytest
 import torch
@@ -90,6 +92,7 @@ def test_auto_spans_divide_the_work_and_keep_two_programs_per_sm(coarse_fill):
     lengths = [1, 127, 128, 511, 512, 513, 1024, 4096, 12345, 16384, 65536] + [
         rng.randrange(1, 70_000) for _ in range(20)
     ]
+    rounded = {False: 0, True: 0}  # coarse spans over a node whose slot share rounded down, and up
     for batch, heads, max_len in ((b, h, n) for b in (1, 3, 8, 64, 256) for h in (1, 2, 8) for n in lengths):
         plan = k.decode_plan(batch, heads, max_len, sms, cfg)
         pairs, blocks = batch * heads, -(-max_len // cfg.block_n)
@@ -107,11 +110,16 @@ def test_auto_spans_divide_the_work_and_keep_two_programs_per_sm(coarse_fill):
         else:
             assert plan.unit_blocks == cfg.node_blocks and pairs * nodes >= coarse_fill * sms, where
             per = plan.span_blocks // cfg.node_blocks
-            assert nodes % per == 0, where
-            # the most nodes per program that keep two programs per SM (or one node each)
-            assert per == 1 or pairs * nodes // per >= slots, where
+            # the largest divisor of the request's nodes up to the nodes per slot, to the nearest
+            nearest = max(1, math.floor(Fraction(pairs * nodes, slots) + Fraction(1, 2)))
+            assert per == max(d for d in range(1, min(nearest, nodes) + 1) if nodes % d == 0), where
+            rounded[Fraction(pairs * nodes, slots) % 1 >= Fraction(1, 2)] += per > 1
+    assert rounded[False] and rounded[True], rounded
     # Between the two thresholds the same batch is fine under one config and coarse under the other.
     assert k.decode_plan(8, 8, 1024, sms, cfg).unit_blocks == (1 if coarse_fill == 1.0 else cfg.node_blocks)
+    # The H100 cases either side of 1.5 nodes a slot (probe_decode_coarse_rule_dde0bec.log): 1.45, 1.58.
+    assert k.decode_plan(12, 8, 2048, sms, cfg) == k.DecodePlan(4, 4)
+    assert k.decode_plan(13, 8, 2048, sms, cfg) == k.DecodePlan(4, 8)
 
 
 def test_bad_plan_is_refused(attention_args, device):
