@@ -308,13 +308,17 @@ class Bench:
             def fn():
                 return mod.decode_attention_triton(**args, max_seq_len=ctx)
 
-            extra = {"config": _cfg(cfg), "splits": -(-ctx // (plan.span_blocks * cfg.block_n)), "plan": _plan(plan)}
+            extra = {
+                "config": config_label(cfg),
+                "splits": -(-ctx // (plan.span_blocks * cfg.block_n)),
+                "plan": plan_label(plan),
+            }
         else:
 
             def fn():
                 return mod.decode_attention_splitk_by_batch(**args, max_seq_len=ctx)
 
-            extra = {"config": _cfg(cfg), "splits": mod.splits_for_batch(B, hkv, d, ctx, sms)}
+            extra = {"config": config_label(cfg), "splits": mod.splits_for_batch(B, hkv, d, ctx, sms)}
         try:
             us, out = time_graph(fn, self.device, self.args.rep_ms)
         except Exception as exc:  # a failing case is a row, the run goes on
@@ -364,8 +368,8 @@ class Bench:
             base = {"kind": "invariance", "Hq": hq, "Hkv": hkv, "D": d, "B": len(lens), "kv_dtype": kv}
             cfg = mod.decode_config(d, q.dtype, batch.k_cache.dtype)
             splits = {
-                "triton": f"plan alone {_plan(mod.decode_plan(1, hkv, target_len, sms, cfg))}, "
-                f"batched {_plan(mod.decode_plan(len(lens), hkv, max(lens), sms, cfg))}",
+                "triton": f"plan alone {plan_label(mod.decode_plan(1, hkv, target_len, sms, cfg))}, "
+                f"batched {plan_label(mod.decode_plan(len(lens), hkv, max(lens), sms, cfg))}",
                 "control": f"control splits alone {mod.splits_for_batch(1, hkv, d, target_len, sms)}, "
                 f"batched {mod.splits_for_batch(len(lens), hkv, d, max(lens), sms)}",
             }
@@ -405,10 +409,10 @@ class Bench:
             try:
                 out = mod.decode_attention_triton(q, **kw, plan=plan)
             except Exception as exc:
-                self.row(impl="triton", status="error", plan=_plan(plan), note=_err(exc), **base)
+                self.row(impl="triton", status="error", plan=plan_label(plan), note=_err(exc), **base)
                 continue
             self.row(
-                impl="triton", status="ok", plan=_plan(plan), note="whole batch vs the auto plan",
+                impl="triton", status="ok", plan=plan_label(plan), note="whole batch vs the auto plan",
                 **compare(ref, out), **base,
             )  # fmt: skip
 
@@ -429,8 +433,8 @@ class Bench:
                 trials = [(cfg, None) for cfg in (configs if default in configs else [default, *configs])]
                 trials += [(default, plan) for plan in _sweep_plans(mod, default, B, hkv, ctx, self.fp["num_sms"])]
                 for cfg, plan in trials:
-                    fields = dict(base, kv_dtype=kv, page_size=ps, config=_cfg(cfg), bytes=nbytes)
-                    fields["plan"] = _plan(plan or mod.decode_plan(B, hkv, ctx, self.fp["num_sms"], cfg))
+                    fields = dict(base, kv_dtype=kv, page_size=ps, config=config_label(cfg), bytes=nbytes)
+                    fields["plan"] = plan_label(plan or mod.decode_plan(B, hkv, ctx, self.fp["num_sms"], cfg))
                     fields["note"] = "forced plan" if plan else ("default config" if cfg == default else "")
                     try:
                         us, _ = time_graph(
@@ -468,12 +472,12 @@ class Bench:
         return write_csv(self.rows, COLUMNS + [f"env_{k}" for k in self.fp], Path(self.args.out), CSV_NAME)
 
 
-def _cfg(cfg) -> str:
+def config_label(cfg) -> str:
     cap = f" maxnreg={cfg.max_registers}" if cfg.max_registers else ""
     return f"block_n={cfg.block_n} node_blocks={cfg.node_blocks} warps={cfg.num_warps} stages={cfg.num_stages}{cap}"
 
 
-def _plan(plan) -> str:
+def plan_label(plan) -> str:
     return f"unit={plan.unit_blocks} span={plan.span_blocks}" if plan else ""
 
 

@@ -197,9 +197,13 @@ def decode_config(head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, ar
     are the same (neither changes an operation)."""
     if interpreting():
         return _INTERPRETER_CONFIG
-    kind = operand_kind(q_dtype, kv_dtype)
+    return table_config(head_dim, operand_kind(q_dtype, kv_dtype), detect().arch if arch is None else arch)
+
+
+def table_config(head_dim: int, kind: str, arch: str) -> DecodeConfig:
+    """The GPU's config for a head dim, an `operand_kind` and an arch (`decode_config` off the
+    interpreter; also for replaying a GPU run's plans on any machine)."""
     config = _GPU_CONFIGS[(config_head_dim(head_dim), kind)]
-    arch = detect().arch if arch is None else arch
     if arch.startswith("gfx"):
         stages = min(config.num_stages, _LDS_STAGES.get((arch, kind), config.num_stages))
         config = replace(config, num_stages=stages, max_registers=None)
