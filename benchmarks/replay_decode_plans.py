@@ -9,6 +9,8 @@ rows (when the sweep ran at the timing grid: --batches/--contexts) the control. 
 replay asks today's `decode_plan` (with today's config for the run's arch and SM count) for a plan:
 where it is the run's, the time is the run's; where the run forced it, the forced time; else the
 case is `not measured`. Cases whose config today differs from the run's are left out (`note`).
+Only the config is compared: a run of older kernels under the same config replays their times, so
+replay runs of the kernels you keep (the summary names each run's commit and device).
 
     python3 benchmarks/replay_decode_plans.py --out OUT_DIR data/bench/h100/bench_decode_attention_*_sweep.csv
 
@@ -22,6 +24,7 @@ import argparse
 import csv
 import math
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -118,7 +121,9 @@ def summary(rows: Sequence[dict]) -> str:
     """Per shape and cache dtype, the time ratio where the plan changed (min, geometric mean, max),
     then the control target met by the run's plans and by today's, over the cases both were timed."""
     changed = [r for r in rows if r.get("plan_now") and r["plan_now"] != r["plan_run"]]
-    lines = [f"cases: {len(rows)}; today's rule picks another plan in {len(changed)}"]
+    runs = Counter((r["source"], r["env_gdn_lab_commit"][:7], r["env_device"]) for r in rows)
+    lines = [f"run {src}: {commit} on {device}, {n} cases" for (src, commit, device), n in runs.items()]
+    lines.append(f"cases: {len(rows)}; today's rule picks another plan in {len(changed)}")
     groups: dict[str, list[float]] = {}
     for r in changed:
         if "now_vs_run" in r:

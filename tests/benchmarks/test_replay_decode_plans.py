@@ -67,7 +67,7 @@ def test_a_plan_the_run_did_not_force_is_not_measured(replay):
     (row,) = replay.replay(_run(replay), "run.csv", rule=_plan(4, 16))
     assert row["plan_now"] == "unit=4 span=16" and "us_now" not in row
     assert row["note"].startswith("not measured")
-    assert "not measured" in replay.summary([row])
+    assert "not measured" in replay.summary([row]) and "run run.csv: abc on H100, 1 cases" in replay.summary([row])
 
 
 def test_a_config_changed_since_the_run_is_left_out(replay):
