@@ -431,7 +431,7 @@ class Bench:
                 default = mod.decode_config(d, args["q"].dtype, args["k_cache"].dtype)
                 configs = _sweep_configs(mod, d, kv, smoke)
                 trials = [(cfg, None) for cfg in (configs if default in configs else [default, *configs])]
-                trials += [(default, plan) for plan in _sweep_plans(mod, default, B, hkv, ctx, self.fp["num_sms"])]
+                trials += [(default, plan) for plan in _sweep_plans(mod, default, ctx)]
                 for cfg, plan in trials:
                     fields = dict(base, kv_dtype=kv, page_size=ps, config=config_label(cfg), bytes=nbytes)
                     fields["plan"] = plan_label(plan or mod.decode_plan(B, hkv, ctx, self.fp["num_sms"], cfg))
@@ -501,13 +501,14 @@ def _sweep_configs(mod, d: int, kv: str, smoke: bool) -> list:
     return candidates.get((d, kv), [])
 
 
-def _sweep_plans(mod, cfg, B: int, hkv: int, ctx: int, num_sms: int) -> list:
-    """Forced plans around the auto one: fine with spans of 1 and 4 blocks, coarse with 1, 2, 4 and all
-    nodes (2: the control's programs where its splits are two nodes long)."""
+def _sweep_plans(mod, cfg, ctx: int) -> list:
+    """Forced plans: every plan `decode_plan` can pick for a request of ctx tokens (fine spans of each
+    divisor of a node's blocks, coarse spans of each divisor of its nodes), so that
+    `replay_decode_plans.py` can judge another rule from the run."""
     r = cfg.node_blocks
     nodes = -(-ctx // cfg.node_tokens)
-    plans = [mod.DecodePlan(1, 1), mod.DecodePlan(1, 4), *(mod.DecodePlan(r, s * r) for s in (1, 2, 4, nodes))]
-    return list(dict.fromkeys(p for p in plans if p.span_blocks <= r * nodes))
+    fine = [mod.DecodePlan(1, s) for s in range(1, r + 1) if r % s == 0]
+    return fine + [mod.DecodePlan(r, s * r) for s in range(1, nodes + 1) if nodes % s == 0]
 
 
 def _err(exc: Exception) -> str:

@@ -59,6 +59,15 @@ def test_smoke_sweep_summary(tmp_path, run_smoke):
     assert {r["note"] for r in sweep} >= {"default config", "forced plan"}
     assert "sweep D=64 bf16 page 16" in out and "vs sdpa / vs control" in out
     assert {(r["B"], r["ctx"]) for r in sweep} == {("3", "320")}  # the smoke sweep's own case
+    # every plan the rule can pick: fine spans dividing a node's blocks, coarse ones the request's nodes
+    # (under the interpreter 4 blocks a node and 2 nodes in 320 tokens; 16 and 1 on a GPU)
+    forced = [r for r in sweep if r["note"] == "forced plan"]
+    cfg = dict(kv.split("=") for kv in forced[0]["config"].split())
+    per_node = int(cfg["node_blocks"])
+    nodes = -(-320 // (int(cfg["block_n"]) * per_node))
+    fine = {f"unit=1 span={s}" for s in range(1, per_node + 1) if per_node % s == 0}
+    coarse = {f"unit={per_node} span={s * per_node}" for s in range(1, nodes + 1) if nodes % s == 0}
+    assert {r["plan"] for r in forced} == fine | coarse and len(fine | coarse) >= 4
 
 
 def test_the_sweep_runs_at_the_batches_and_contexts_asked_for(load_script):
