@@ -84,7 +84,7 @@ def test_auto_plan_follows_the_batch():
 
 
 @pytest.mark.parametrize("coarse_fill", [0.5, 1.0])
-def test_auto_spans_divide_the_work_and_keep_two_programs_per_sm(coarse_fill):
+def test_auto_spans_divide_the_work_and_fill_two_programs_per_sm(coarse_fill):
     k = _kernels()
     cfg = k.DecodeConfig(128, 4, 4, 3, coarse_fill=coarse_fill)  # 512-token nodes
     sms, slots = 132, k.PROGRAMS_PER_SM * 132
