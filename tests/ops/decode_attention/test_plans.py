@@ -111,9 +111,10 @@ def test_auto_spans_divide_the_work_and_fill_two_programs_per_sm(coarse_fill):
             assert plan.unit_blocks == cfg.node_blocks and pairs * nodes >= coarse_fill * sms, where
             per = plan.span_blocks // cfg.node_blocks
             # the largest divisor of the request's nodes up to the nodes per slot, to the nearest
-            nearest = max(1, math.floor(Fraction(pairs * nodes, slots) + Fraction(1, 2)))
+            share = Fraction(pairs * nodes, slots)
+            nearest = max(1, math.floor(share + Fraction(1, 2)))
             assert per == max(d for d in range(1, min(nearest, nodes) + 1) if nodes % d == 0), where
-            rounded[Fraction(pairs * nodes, slots) % 1 >= Fraction(1, 2)] += per > 1
+            rounded[share % 1 >= Fraction(1, 2)] += per > 1
     assert rounded[False] and rounded[True], rounded
     # Between the two thresholds the same batch is fine under one config and coarse under the other.
     assert k.decode_plan(8, 8, 1024, sms, cfg).unit_blocks == (1 if coarse_fill == 1.0 else cfg.node_blocks)
